@@ -1,0 +1,1 @@
+"""Generated from proto/agenttx/v1/agenttx.proto. Do not edit."""

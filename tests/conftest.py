@@ -1,0 +1,49 @@
+"""Shared fixtures: a real etcd on loopback for every test that touches state.
+
+Data dirs go on /dev/shm when it exists (fast fsync); each session gets its own
+folder, removed afterwards. No in-memory store or mocked etcd anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from agenttx.store.embedded import EmbeddedEtcd
+
+
+def scratch_root() -> pathlib.Path:
+    base = pathlib.Path("/dev/shm") if os.path.isdir("/dev/shm") else None
+    return pathlib.Path(tempfile.mkdtemp(prefix="agenttx-test-", dir=base))
+
+
+@pytest.fixture(scope="session")
+def scratch() -> Iterator[pathlib.Path]:
+    root = scratch_root()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def etcd(scratch: pathlib.Path) -> Iterator[EmbeddedEtcd]:
+    """One real single-member etcd for the whole session."""
+    server = EmbeddedEtcd(scratch / "etcd").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint(etcd: EmbeddedEtcd) -> str:
+    return etcd.endpoints[0]
+
+
+@pytest.fixture
+def etcd_prefix() -> str:
+    """A fresh key prefix per test, so tests sharing one etcd never see each other."""
+    return f"/agenttx-test-{uuid.uuid4().hex[:12]}"
