@@ -1,0 +1,58 @@
+"""Domain results -> protobuf messages. No logic beyond field mapping."""
+
+from __future__ import annotations
+
+from .._proto import agenttx_pb2 as pb
+from ..engine.model import CommitOutcome, RollbackOutcome, StepOutcome, TransactionView
+
+STEP_STATUS = {
+    "SUCCESS": pb.STEP_STATUS_SUCCESS,
+    "ROLLBACK_TRIGGERED": pb.STEP_STATUS_ROLLBACK_TRIGGERED,
+    "FAILED": pb.STEP_STATUS_FAILED,
+}
+TX_STATUS = {
+    "ACTIVE": pb.TRANSACTION_STATUS_ACTIVE,
+    "AWAITING_ROLLBACK": pb.TRANSACTION_STATUS_AWAITING_ROLLBACK,
+}
+
+
+def step_response(o: StepOutcome) -> pb.ExecuteStepResponse:
+    return pb.ExecuteStepResponse(
+        status=STEP_STATUS[o.status],
+        output_json=o.output_json,
+        clean_hint=o.clean_hint,
+        strategy=pb.RollbackStrategy.Value(f"ROLLBACK_STRATEGY_{o.strategy.value}"),
+        rollback_to_step=o.rollback_to_step,
+        next_step_id=o.next_step_id,
+        constraints=o.constraints,
+        context_reset=o.context_reset,
+        error_category=o.error_category,
+        rollback_latency_ms=o.rollback_latency_ms,
+        abort_reason=o.abort_reason,
+        compensation_errors=o.compensation_errors,
+    )
+
+
+def commit_response(o: CommitOutcome) -> pb.CommitTransactionResponse:
+    return pb.CommitTransactionResponse(
+        committed=o.committed, steps_committed=o.steps_committed,
+        effects_dispatched=o.effects_dispatched, dispatch_errors=o.dispatch_errors)
+
+
+def rollback_response(o: RollbackOutcome) -> pb.RollbackTransactionResponse:
+    return pb.RollbackTransactionResponse(
+        rolled_back=o.rolled_back, next_step_id=o.next_step_id,
+        compensations_run=o.compensations_run, compensation_errors=o.compensation_errors)
+
+
+def transaction_response(v: TransactionView) -> pb.GetTransactionResponse:
+    return pb.GetTransactionResponse(
+        transaction_id=v.transaction_id,
+        status=TX_STATUS.get(v.status, pb.TRANSACTION_STATUS_UNSPECIFIED),
+        next_step_id=v.next_step_id,
+        constraints=v.constraints,
+        global_resets=v.global_resets,
+        agent_id=v.agent_id,
+        context=[pb.ContextEntry(step_id=c.step_id, tool_name=c.tool_name,
+                                 raw_context=c.raw_context) for c in v.context],
+    )

@@ -1,0 +1,84 @@
+"""Request validation (SPEC §1). Every rule raises InvalidArgument and changes nothing.
+
+A malformed `arguments_json` is deliberately NOT checked here: it is a failed step
+with a hint (SPEC §4), not an RPC error. Only its size is an RPC-level limit.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any
+
+from ..errors import InvalidArgument, NotFound
+
+MAX_AGENT_ID_BYTES = 256
+MAX_METADATA_ENTRIES = 64
+MAX_TOOL_NAME_BYTES = 128
+MAX_DOCUMENT_BYTES = 1024 * 1024  # arguments_json and raw_context: 1 MiB each
+DEPTH_RANGE = (0, 16)
+FACTOR_RANGE = (0.1, 1000.0)
+
+
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8", errors="surrogatepass"))
+
+
+def transaction_id(value: str) -> str:
+    if not value:
+        raise InvalidArgument("transaction_id is required")
+    return value
+
+
+def known_transaction_id(value: str) -> str:
+    """Checked after every INVALID_ARGUMENT rule, so bad input is reported first."""
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        # We only ever hand out UUIDs, so this names no transaction (and never reaches
+        # etcd as a key).
+        raise NotFound(f"transaction {value[:64]!r} not found (not a transaction id)") from None
+    return str(parsed)
+
+
+def begin(agent_id: str, metadata: dict[str, str], policy: Any | None) -> dict[str, Any]:
+    if _bytes(agent_id) > MAX_AGENT_ID_BYTES:
+        raise InvalidArgument(f"agent_id is {_bytes(agent_id)} bytes; the limit is "
+                              f"{MAX_AGENT_ID_BYTES}")
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        raise InvalidArgument(f"metadata has {len(metadata)} entries; the limit is "
+                              f"{MAX_METADATA_ENTRIES}")
+    overrides: dict[str, Any] = {}
+    if policy is None:
+        return overrides
+    for name in ("max_local_depth", "max_global_resets"):
+        if policy.HasField(name):
+            v = getattr(policy, name)
+            lo, hi = DEPTH_RANGE
+            if not lo <= v <= hi:
+                raise InvalidArgument(f"policy.{name} is {v}; it must be between {lo} and {hi}")
+            overrides[name] = v
+    if policy.HasField("replay_budget_factor"):
+        v = policy.replay_budget_factor
+        lo, hi = FACTOR_RANGE
+        if not math.isfinite(v) or not lo <= v <= hi:
+            raise InvalidArgument(f"policy.replay_budget_factor is {v}; it must be a finite "
+                                  f"number between {lo} and {hi:g}")
+        overrides["replay_budget_factor"] = v
+    return overrides
+
+
+def step(step_id: int, tool_name: str, arguments_json: str, raw_context: str) -> None:
+    if step_id == 0:
+        raise InvalidArgument("step_id must be at least 1")
+    if not tool_name:
+        raise InvalidArgument("tool_name is required")
+    if _bytes(tool_name) > MAX_TOOL_NAME_BYTES:
+        raise InvalidArgument(f"tool_name is {_bytes(tool_name)} bytes; the limit is "
+                              f"{MAX_TOOL_NAME_BYTES}")
+    if _bytes(arguments_json) > MAX_DOCUMENT_BYTES:
+        raise InvalidArgument(f"arguments_json is {_bytes(arguments_json)} bytes; the limit is "
+                              f"{MAX_DOCUMENT_BYTES} (1 MiB)")
+    if _bytes(raw_context) > MAX_DOCUMENT_BYTES:
+        raise InvalidArgument(f"raw_context is {_bytes(raw_context)} bytes; the limit is "
+                              f"{MAX_DOCUMENT_BYTES} (1 MiB)")

@@ -1,0 +1,96 @@
+"""`agenttx serve | operator | bench`.
+
+Flags mirror the settings in config.py one to one (`--etcd-endpoints` <->
+AGENTTX_ETCD_ENDPOINTS); a flag given on the command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from .config import DefaultPolicy, Settings
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    for name, field in Settings.model_fields.items():
+        if name == "default_policy":
+            for sub, subfield in DefaultPolicy.model_fields.items():
+                parser.add_argument(f"--default-policy-{sub.replace('_', '-')}",
+                                    dest=f"default_policy__{sub}", default=None,
+                                    help=f"{subfield.description} (env "
+                                    f"AGENTTX_DEFAULT_POLICY__{sub.upper()}; default "
+                                    f"{subfield.default})")
+            continue
+        default = field.default if field.default is not None else "unset"
+        if name == "effect_channels":
+            default = "{}"
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
+                            help=f"{field.description} (env AGENTTX_{name.upper()}; "
+                            f"default {default})")
+
+
+def settings_from_args(ns: argparse.Namespace) -> Settings:
+    given: dict[str, Any] = {}
+    policy: dict[str, Any] = {}
+    for key, value in vars(ns).items():
+        if value is None or key in ("command", "func"):
+            continue
+        if key.startswith("default_policy__"):
+            policy[key.split("__", 1)[1]] = value
+        elif key in Settings.model_fields:
+            given[key] = value
+    settings = Settings(**given)
+    if policy:
+        merged = settings.default_policy.model_dump() | policy
+        settings = settings.model_copy(update={"default_policy": DefaultPolicy(**merged)})
+    return settings
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    from . import logs
+    from .server import serve
+
+    try:
+        settings = settings_from_args(ns)
+    except (ValidationError, ValueError) as exc:
+        print(f"agenttx serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    logs.setup(settings.log_format, settings.log_level)
+    return asyncio.run(serve(settings))
+
+
+def _operator(argv: list[str]) -> int:
+    from agenttx_operator.main import run
+
+    return run(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="agenttx", description="Transactions for AI agents' "
+                                     "tool calls.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_p = sub.add_parser("serve", help="run the gRPC service")
+    _add_settings_flags(serve_p)
+    sub.add_parser("operator", help="run the AgentTxPolicy operator (flags: agenttx operator "
+                   "--help)", add_help=False)
+    sub.add_parser("bench", help="benchmark a running or embedded service", add_help=False)
+    if argv and argv[0] in ("operator", "bench"):
+        return _operator(argv[1:]) if argv[0] == "operator" else _bench(argv[1:])
+    ns = parser.parse_args(argv)
+    return _serve(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

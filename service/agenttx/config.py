@@ -1,0 +1,73 @@
+"""Settings for `agenttx serve` (pydantic-settings; env prefix AGENTTX_, same names as flags).
+
+Every field is documented because `agenttx serve --help` and docs/configuration.md are
+generated from these descriptions. Nested settings use `__`:
+AGENTTX_DEFAULT_POLICY__MAX_LOCAL_DEPTH=2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DefaultPolicy(BaseModel):
+    """Server-wide rollback defaults (SPEC §5), overridden by AgentTxPolicy and requests."""
+
+    max_local_depth: int = Field(3, ge=0, le=16, description="retries of a failing step before escalating")
+    max_global_resets: int = Field(1, ge=0, le=16, description="global resets before aborting")
+    replay_budget_factor: float = Field(
+        2.0, ge=0.1, le=1000, description="undone steps allowed per highest step reached")
+
+    @field_validator("replay_budget_factor")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be finite")
+        return v
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENTTX_", env_nested_delimiter="__",
+                                      extra="ignore")
+
+    listen: str = Field("127.0.0.1:50051", description="gRPC listen address host:port")
+    etcd_endpoints: str = Field(
+        "", description="comma-separated etcd endpoints (host:port); empty = start an "
+        "embedded etcd under --data-dir and stop it on exit")
+    etcd_prefix: str = Field("/agenttx", description="key prefix; deployments sharing one etcd "
+                             "use different prefixes")
+    etcd_timeout_s: float = Field(5.0, gt=0, description="deadline of one etcd request")
+    etcd_ca_file: str | None = Field(None, description="CA bundle for TLS to etcd")
+    etcd_cert_file: str | None = Field(None, description="client certificate for etcd mTLS")
+    etcd_key_file: str | None = Field(None, description="client key for etcd mTLS")
+    etcd_max_txn_ops: int = Field(
+        1024, ge=16, description="etcd --max-txn-ops of the cluster; bounds a transaction's "
+        "write set (the embedded etcd is started with it)")
+    data_dir: str = Field(".agenttx", description="state folder for the embedded etcd and "
+                          "the default sandbox")
+    fs_root: str | None = Field(None, description="sandbox root for fs tools (default "
+                                "<data-dir>/sandbox); policies with a sandbox override it")
+    tx_idle_timeout_s: int = Field(900, ge=1, description="abort transactions idle this long")
+    default_policy: DefaultPolicy = Field(default_factory=DefaultPolicy)
+    effect_channels: dict[str, Any] = Field(
+        default_factory=dict, description='JSON object name -> {"kind": "webhook"|"email"|"log", ...}')
+    replica_id: str | None = Field(None, description="this replica's id (default: host-pid)")
+    grace_period_s: float = Field(20.0, ge=0, description="SIGTERM: time to drain in-flight RPCs")
+    log_format: str = Field("json", description="json or text")
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
+    failpoints: str = Field("", description="test-only crash points, e.g. fs.write.after_intent=crash")
+
+    @field_validator("effect_channels", mode="before")
+    @classmethod
+    def _channels_json(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return json.loads(v) if v.strip() else {}
+        return v
+
+    def endpoints(self) -> list[str]:
+        return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]

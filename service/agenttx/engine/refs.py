@@ -1,0 +1,100 @@
+"""`${steps.N.path}` references in step arguments.
+
+A whole-string reference keeps the JSON type of the referenced value; an embedded one
+interpolates as text (strings as-is, anything else as compact JSON). Dotted paths index
+objects by key and arrays by position. Only live steps can be referenced.
+Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .jsonargs import dumps
+
+REF = re.compile(r"\$\{steps\.(\d+)((?:\.[^.}]+)*)\}")
+
+
+class ReferenceError_(Exception):
+    """Raised with a raw message for the cleaner (undefined_object / undefined_column)."""
+
+    def __init__(self, message: str, argument: str, step: int | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.argument = argument
+        self.step = step
+
+
+@dataclass
+class Resolution:
+    value: Any
+    referenced: set[int] = field(default_factory=set)
+    # dotted argument path -> the step whose output produced (part of) its value
+    provenance: dict[str, int] = field(default_factory=dict)
+
+
+def _lookup(output: Any, path: list[str], step: int, ref: str, arg: str) -> Any:
+    cur = output
+    for i, seg in enumerate(path):
+        if isinstance(cur, Mapping) and seg in cur:
+            cur = cur[seg]
+        elif isinstance(cur, list) and seg.isdigit() and int(seg) < len(cur):
+            cur = cur[int(seg)]
+        else:
+            shown = ".".join(path[: i + 1])
+            raise ReferenceError_(
+                f'column "{shown}" does not exist in the output of step {step} '
+                f"(referenced as {ref})", arg, step)
+    return cur
+
+
+def resolve(args: Any, outputs: Mapping[int, Any]) -> Resolution:
+    """Replace references in every string of `args` with values from live `outputs`."""
+    res = Resolution(value=None)
+    live = sorted(outputs)
+
+    def one(m: re.Match[str], arg: str) -> Any:
+        step = int(m.group(1))
+        path = [p for p in m.group(2).split(".") if p]
+        if step not in outputs:
+            shown = ", ".join(map(str, live)) or "none"
+            raise ReferenceError_(
+                f'step "{step}" does not exist (referenced as {m.group(0)}); '
+                f"live steps: {shown}", arg, step)
+        res.referenced.add(step)
+        res.provenance[arg] = step
+        return _lookup(outputs[step], path, step, m.group(0), arg)
+
+    def walk(value: Any, arg: str) -> Any:
+        if isinstance(value, str):
+            whole = REF.fullmatch(value)
+            if whole:
+                return one(whole, arg)
+            if "${steps." not in value:
+                return value
+            return REF.sub(lambda m: _text(one(m, arg)), value)
+        if isinstance(value, list):
+            return [walk(v, f"{arg}.{i}" if arg else str(i)) for i, v in enumerate(value)]
+        if isinstance(value, dict):
+            return {k: walk(v, f"{arg}.{k}" if arg else k) for k, v in value.items()}
+        return value
+
+    res.value = walk(args, "")
+    return res
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else dumps(value)
+
+
+def has_reference(value: Any) -> bool:
+    if isinstance(value, str):
+        return "${steps." in value
+    if isinstance(value, list):
+        return any(has_reference(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_reference(v) for v in value.values())
+    return False

@@ -1,0 +1,190 @@
+"""One service replica: etcd connection, policy watch, liveness lease, gRPC server.
+
+Lifecycle: start an embedded etcd when no endpoints are configured; connect; register
+this replica under a lease (so others can tell a crashed owner from a slow one); start
+watching policies; serve gRPC with health. On SIGTERM: report NOT_SERVING, let
+in-flight RPCs finish (grace period), stop background work, stop embedded etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pathlib
+import signal
+import socket
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ._proto import agenttx_pb2_grpc as pb_grpc
+from .api.servicer import AgentTxServicer
+from .config import Settings
+from .engine.policies import PolicyCache
+from .engine.policy import RollbackSettings
+from .engine.transactions import Engine
+from .store.client import Store, connect
+from .store.embedded import EmbeddedEtcd
+from .store.layout import Keys
+from .tools.registry import ToolRegistry
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "agenttx.v1.AgentTxService"
+REPLICA_TTL_S = 10
+
+
+class ReplicaPresence:
+    """`<prefix>/replicas/<id>` on a lease, refreshed in the background."""
+
+    def __init__(self, store: Store, keys: Keys, replica_id: str) -> None:
+        self.store, self.keys, self.replica_id = store, keys, replica_id
+        self._task: asyncio.Task[None] | None = None
+        self.lease_id = 0
+
+    async def _register(self) -> None:
+        lease = await self.store.client.lease(REPLICA_TTL_S)
+        self.lease_id = lease.id
+        await self.store.put(self.keys.replica(self.replica_id), b"alive", lease=lease.id)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                if not self.lease_id:
+                    await self._register()
+                await asyncio.sleep(REPLICA_TTL_S / 3)
+                resp = await self.store.client.refresh_lease(self.lease_id)
+                if getattr(resp, "TTL", 1) <= 0:
+                    self.lease_id = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("replica lease refresh failed", extra={"error": str(exc)})
+                self.lease_id = 0
+                await asyncio.sleep(1.0)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="replica-presence")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self.lease_id:
+            with contextlib.suppress(Exception):
+                await self.store.client.revoke_lease(self.lease_id)
+
+
+def build_channels(settings: Settings) -> Any:
+    try:
+        from .effects.channels import ChannelRegistry
+    except ImportError:  # pragma: no cover - during bring-up only
+        return None
+    return ChannelRegistry.from_config(settings.effect_channels)
+
+
+async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> int:
+    embedded: EmbeddedEtcd | None = None
+    endpoints = settings.endpoints()
+    data_dir = pathlib.Path(settings.data_dir)
+    if not endpoints:
+        embedded = EmbeddedEtcd(data_dir / "etcd", max_txn_ops=settings.etcd_max_txn_ops)
+        await asyncio.to_thread(embedded.start)
+        endpoints = embedded.endpoints
+        log.info("started embedded etcd (development only; use --etcd-endpoints in production)",
+                 extra={"endpoints": endpoints, "data_dir": str(data_dir / "etcd")})
+    store = connect(endpoints, timeout=settings.etcd_timeout_s, ca_file=settings.etcd_ca_file,
+                    cert_file=settings.etcd_cert_file, key_file=settings.etcd_key_file)
+    keys = Keys(settings.etcd_prefix)
+    replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+    fs_root = settings.fs_root or str(data_dir / "sandbox")
+    pathlib.Path(fs_root).mkdir(parents=True, exist_ok=True)
+
+    policies = PolicyCache(store, keys, RollbackSettings(**settings.default_policy.model_dump()),
+                           settings.tx_idle_timeout_s)
+    channels = build_channels(settings)
+    dispatcher = None
+    background: list[Any] = []
+    if channels is not None:
+        try:
+            from .effects.outbox import Dispatcher
+
+            dispatcher = Dispatcher(store, keys.prefix, channels, replica_id)
+        except ImportError:  # pragma: no cover
+            dispatcher = None
+    engine = Engine(store=store, keys=keys, tools=ToolRegistry.load(),
+                    resolve_policy=policies.resolve, default_fs_root=fs_root,
+                    replica_id=replica_id,
+                    channel_names=(channels.names if channels is not None else lambda: ["log"]),
+                    max_txn_ops=settings.etcd_max_txn_ops, dispatcher=dispatcher)
+
+    presence = ReplicaPresence(store, keys, replica_id)
+    try:
+        await policies.load()
+        await presence._register()
+    except Exception as exc:
+        log.warning("etcd not reachable at start-up; serving and retrying in the background",
+                    extra={"error": str(exc)})
+    policies.start()
+    presence.start()
+    if dispatcher is not None and hasattr(dispatcher, "run"):
+        background.append(asyncio.create_task(dispatcher.run(), name="dispatcher"))
+    for starter in _extra_background(engine, settings, store, keys, replica_id):
+        background.append(asyncio.create_task(starter, name="background"))
+
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+        ("grpc.max_send_message_length", 4 * 1024 * 1024),
+    ])
+    pb_grpc.add_AgentTxServiceServicer_to_server(AgentTxServicer(engine), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(settings.listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {settings.listen}")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("agenttx serving", extra={"listen": settings.listen, "port": port,
+                                        "replica": replica_id, "etcd": endpoints,
+                                        "prefix": keys.prefix, "fs_root": fs_root})
+    if ready is not None:
+        ready.set()
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+    log.info("shutting down: draining in-flight RPCs", extra={"grace_s": settings.grace_period_s})
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.stop(settings.grace_period_s)
+    for task in background:
+        task.cancel()
+    for task in background:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    await policies.stop()
+    await presence.stop()
+    await store.close()
+    if embedded is not None:
+        await asyncio.to_thread(embedded.stop)
+    log.info("stopped")
+    return 0
+
+
+def _extra_background(engine: Engine, settings: Settings, store: Store, keys: Keys,
+                      replica_id: str) -> list[Any]:
+    """Background duties beyond the dispatcher (the idle reaper)."""
+    try:
+        from .engine.reaper import Reaper
+    except ImportError:
+        return []
+    return [Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s).run()]
