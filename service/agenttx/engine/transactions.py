@@ -448,7 +448,7 @@ class Engine:
         # journal (kv/record) and effects: dropping the step record is the undo.
 
     async def _write_state(self, snap: Snapshot, header: dict[str, Any], undone: list[int],
-                           *, end: bool = False) -> int:
+                           *, end: bool = False, fence: Sequence[Any] = ()) -> int:
         """One CAS: new header (or the end of the transaction), undone step records
         deleted, locks no longer held released."""
         hkey = self.keys.tx_header(snap.tx_id)
@@ -457,7 +457,7 @@ class Engine:
         held = {r["fs"]["lock"] for r in remaining if r.get("fs")}
         for sid in undone:
             ops.append(op_delete(self.keys.step(snap.tx_id, sid)))
-        compares = [cmp_mod(hkey, snap.header_rev)]
+        compares = [cmp_mod(hkey, snap.header_rev), *fence]
         if end:
             ops = [op_delete_prefix(self.keys.tx_prefix(snap.tx_id))]
             held = set()
@@ -477,14 +477,15 @@ class Engine:
                 "GetTransaction")
         return res.revision
 
-    async def _mark_undoing(self, snap: Snapshot, order: list[int]) -> Snapshot:
+    async def _mark_undoing(self, snap: Snapshot, order: list[int],
+                            fence: Sequence[Any] = ()) -> Snapshot:
         """Durable intent before undoing files, so a crash mid-undo is resumed, not lost."""
         if not any(snap.steps[i].get("fs") or snap.steps[i].get("saga") for i in order):
             return snap
         header = dict(snap.header)
         header["undoing"] = {"steps": order, "owner": self.replica_id, "since": _now()}
         hkey = self.keys.tx_header(snap.tx_id)
-        res = await self.store.txn([cmp_mod(hkey, snap.header_rev)],
+        res = await self.store.txn([cmp_mod(hkey, snap.header_rev), *fence],
                                    [op_put(hkey, to_json(header))], what="undo intent")
         if not res.succeeded:
             raise FailedPrecondition(f"transaction {snap.tx_id} was changed concurrently")
@@ -625,12 +626,9 @@ class Engine:
         for rec in snap.ordered():
             for eff in rec.get("effects", []):
                 seq += 1
-                key = self.keys.outbox(tx_id, seq)
+                key, value = self._outbox_entry(tx_id, seq, eff, now)
                 outbox.append(key)
-                success.append(op_put(key, to_json({
-                    **eff, "transaction_id": tx_id, "seq": seq, "attempts": 0,
-                    "next_attempt_at": now, "claimed_by": self.replica_id,
-                    "claim_until": now + 30.0, "last_error": None, "created_at": now})))
+                success.append(op_put(key, value))
         for lock in overlay.locks:
             success.append(op_delete(lock.encode()))
         success.append(op_delete_prefix(self.keys.tx_prefix(tx_id)))
@@ -662,6 +660,18 @@ class Engine:
             f"commit aborted: write-write conflict on {', '.join(conflicts)} (another "
             f"transaction committed it after transaction {tx_id} read it); the transaction "
             "was compensated and ended")
+
+    def _outbox_entry(self, tx_id: str, seq: int, eff: dict[str, Any],
+                      now: float) -> tuple[bytes, bytes]:
+        """The outbox record, claimed by this replica while the commit call delivers it."""
+        if self.dispatcher is not None:
+            from ..effects.channels import Effect
+
+            return self.dispatcher.entry_for(  # type: ignore[no-any-return]
+                Effect(eff["channel"], eff["payload"], eff["idempotency_key"], tx_id), seq)
+        return self.keys.outbox(tx_id, seq), to_json({
+            **eff, "transaction_id": tx_id, "seq": seq, "attempts": 0, "next_attempt_at": now,
+            "claimed_by": None, "claim_until": 0.0, "last_error": None, "created_at": now})
 
     async def _commit_fate(self, snap: Snapshot, overlay: Overlay) -> CommitOutcome:
         try:
@@ -705,6 +715,31 @@ class Engine:
         except Exception as exc:  # delivery never fails a commit that applied
             log.exception("dispatch after commit failed")
             return 0, [f"dispatch deferred to background: {type(exc).__name__}"]
+
+    # ------------------------------------------------------------------ reaper
+    async def expire(self, tx_id: str, header_rev: int, fence: Callable[[], Sequence[Any]]) -> bool:
+        """Abort an idle transaction and compensate it. Every write carries `fence()`
+        (the reaper's leadership compares), so a paused ex-leader cannot act. Returns
+        False when the transaction moved on meanwhile (it is not idle any more)."""
+        snap = await self._load(tx_id)
+        if snap.header_rev != header_rev:
+            return False
+        order = list(reversed(snap.live))
+        work = await self._mark_undoing(snap, order, fence())
+        errors, done = await self._undo_steps(work, order)
+        if errors:
+            header = dict(work.header)
+            header.pop("undoing", None)
+            remaining = [i for i in snap.live if i not in done]
+            header.update(status=AWAITING_ROLLBACK,
+                          next_step_id=(max(remaining) + 1) if remaining else 1)
+            await self._write_state(work, header, done, fence=fence())
+            log.error("idle transaction could not be compensated",
+                      extra={"tx": tx_id, "errors": errors})
+            return False
+        await self._write_state(work, work.header, done, end=True, fence=fence())
+        log.info("idle transaction expired", extra={"tx": tx_id, "undone": done})
+        return True
 
     # ------------------------------------------------------------------ get
     async def get(self, tx_id: str) -> TransactionView:

@@ -176,9 +176,8 @@ class LeaderLease:
         self._keepalive_task = asyncio.create_task(
             self._keepalive(lease_id, granted), name=f"lease-keepalive:{self.key.decode()}"
         )
-        log.info("leadership acquired key=%s holder=%s lease=%x revision=%d ttl=%ds",
-                 self.key.decode(errors="replace"), self.holder_id, lease_id, res.revision,
-                 granted)
+        log.info("leadership acquired", extra={**self._log_fields(), "lease": f"{lease_id:x}",
+                                               "revision": res.revision, "ttl_s": granted})
         return True
 
     async def resign(self) -> None:
@@ -189,15 +188,16 @@ class LeaderLease:
         was_leader = self.is_leader
         await self._end_term()
         if was_leader:
-            log.info("leadership resigned key=%s holder=%s",
-                     self.key.decode(errors="replace"), self.holder_id)
+            log.info("leadership resigned", extra=self._log_fields())
 
     # ---- internals ---------------------------------------------------------------------
 
+    def _log_fields(self) -> dict[str, Any]:
+        return {"leader_key": self.key.decode(errors="replace"), "holder": self.holder_id}
+
     def _lose(self, reason: str) -> None:
         if self._held:
-            log.warning("leadership lost key=%s holder=%s reason=%s",
-                        self.key.decode(errors="replace"), self.holder_id, reason)
+            log.warning("leadership lost", extra={**self._log_fields(), "reason": reason})
         self._held = False
 
     async def _end_term(self) -> None:
@@ -216,8 +216,9 @@ class LeaderLease:
             await asyncio.wait_for(self._store.client.revoke_lease(lease_id),
                                    timeout=max(1.0, self.ttl_s / 2))
         except Exception as exc:  # best effort: an unrevoked lease expires on its own
-            log.info("lease revoke failed key=%s lease=%x: %s (it will expire)",
-                     self.key.decode(errors="replace"), lease_id, type(exc).__name__)
+            log.info("lease revoke failed; it will expire on its own",
+                     extra={**self._log_fields(), "lease": f"{lease_id:x}",
+                            "error": type(exc).__name__})
 
     async def _keepalive(self, lease_id: int, ttl: int) -> None:
         interval = max(0.1, ttl / 3)
