@@ -17,6 +17,9 @@ import pytest
 
 from agenttx.store.embedded import EmbeddedEtcd
 
+# Real loopback HTTP and SMTP receivers (fixtures `webhook`, `smtp`).
+pytest_plugins = ["support.receivers"]
+
 
 def scratch_root() -> pathlib.Path:
     base = pathlib.Path("/dev/shm") if os.path.isdir("/dev/shm") else None

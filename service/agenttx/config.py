@@ -56,6 +56,14 @@ class Settings(BaseSettings):
     default_policy: DefaultPolicy = Field(default_factory=DefaultPolicy)
     effect_channels: dict[str, Any] = Field(
         default_factory=dict, description='JSON object name -> {"kind": "webhook"|"email"|"log", ...}')
+    replica_ttl_s: int = Field(10, ge=1, le=300, description="lease TTL of this replica's "
+                               "liveness key; a crashed replica's half-done work is taken over "
+                               "after it expires")
+    leader_ttl_s: int = Field(10, ge=1, le=300, description="lease TTL of the dispatcher and "
+                              "reaper leadership; failover happens within it")
+    effect_claim_s: float = Field(30.0, gt=0, description="how long a committing replica owns "
+                                  "delivery of its effects before the dispatcher may retry them")
+    effect_poll_s: float = Field(1.0, gt=0, description="dispatcher scan interval")
     replica_id: str | None = Field(None, description="this replica's id (default: host-pid)")
     grace_period_s: float = Field(20.0, ge=0, description="SIGTERM: time to drain in-flight RPCs")
     log_format: str = Field("json", description="json or text")

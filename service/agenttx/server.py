@@ -34,19 +34,17 @@ from .tools.registry import ToolRegistry
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "agenttx.v1.AgentTxService"
-REPLICA_TTL_S = 10
-
-
 class ReplicaPresence:
     """`<prefix>/replicas/<id>` on a lease, refreshed in the background."""
 
-    def __init__(self, store: Store, keys: Keys, replica_id: str) -> None:
+    def __init__(self, store: Store, keys: Keys, replica_id: str, ttl_s: int = 10) -> None:
         self.store, self.keys, self.replica_id = store, keys, replica_id
+        self.ttl_s = ttl_s
         self._task: asyncio.Task[None] | None = None
         self.lease_id = 0
 
     async def _register(self) -> None:
-        lease = await self.store.client.lease(REPLICA_TTL_S)
+        lease = await self.store.client.lease(self.ttl_s)
         self.lease_id = lease.id
         await self.store.put(self.keys.replica(self.replica_id), b"alive", lease=lease.id)
 
@@ -55,7 +53,7 @@ class ReplicaPresence:
             try:
                 if not self.lease_id:
                     await self._register()
-                await asyncio.sleep(REPLICA_TTL_S / 3)
+                await asyncio.sleep(self.ttl_s / 3)
                 resp = await self.store.client.refresh_lease(self.lease_id)
                 if getattr(resp, "TTL", 1) <= 0:
                     self.lease_id = 0
@@ -113,7 +111,10 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
         try:
             from .effects.outbox import Dispatcher
 
-            dispatcher = Dispatcher(store, keys.prefix, channels, replica_id)
+            dispatcher = Dispatcher(store, keys.prefix, channels, replica_id,
+                                    lease_ttl_s=settings.leader_ttl_s,
+                                    poll_interval_s=settings.effect_poll_s,
+                                    claim_s=settings.effect_claim_s)
         except ImportError:  # pragma: no cover
             dispatcher = None
     engine = Engine(store=store, keys=keys, tools=ToolRegistry.load(),
@@ -122,7 +123,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
                     channel_names=(channels.names if channels is not None else lambda: ["log"]),
                     max_txn_ops=settings.etcd_max_txn_ops, dispatcher=dispatcher)
 
-    presence = ReplicaPresence(store, keys, replica_id)
+    presence = ReplicaPresence(store, keys, replica_id, settings.replica_ttl_s)
     try:
         await policies.load()
         await presence._register()
@@ -187,4 +188,5 @@ def _extra_background(engine: Engine, settings: Settings, store: Store, keys: Ke
         from .engine.reaper import Reaper
     except ImportError:
         return []
-    return [Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s).run()]
+    return [Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s,
+                   ttl_s=settings.leader_ttl_s).run()]

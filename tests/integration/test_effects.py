@@ -14,15 +14,13 @@ import email
 import email.policy
 import json
 import logging
-import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiosmtpd.controller import Controller
+from support.receivers import WebhookReceiver
 
 from agenttx.effects.channels import ChannelRegistry, Effect, message_id
 from agenttx.effects.outbox import Dispatcher, new_entry, outbox_key, pending
@@ -34,71 +32,6 @@ TTL = 2
 FAST: dict[str, Any] = {
     "lease_ttl_s": TTL, "poll_interval_s": 0.1, "base_backoff_s": 0.2, "max_backoff_s": 1.0,
 }
-
-
-# ---- receivers -------------------------------------------------------------------------
-
-class WebhookReceiver:
-    """A loopback HTTP server recording every POST; `status` sets what it answers."""
-
-    def __init__(self) -> None:
-        self.status = 200
-        self.requests: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with receiver.lock:
-                    receiver.requests.append(
-                        {"path": self.path, "headers": dict(self.headers.items()), "body": body}
-                    )
-                    status = receiver.status
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/in"
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def keys(self) -> Counter[str]:
-        """POSTs received per Idempotency-Key (whatever the receiver answered)."""
-        with self.lock:
-            return Counter(r["headers"]["Idempotency-Key"] for r in self.requests)
-
-
-@pytest.fixture
-def webhook() -> Iterator[WebhookReceiver]:
-    rx = WebhookReceiver()
-    rx.thread.start()
-    yield rx
-    rx.server.shutdown()
-    rx.server.server_close()
-
-
-class SmtpSink:
-    def __init__(self) -> None:
-        self.envelopes: list[Any] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
-        self.envelopes.append(envelope)
-        return "250 OK"
-
-
-@pytest.fixture
-def smtp() -> Iterator[tuple[SmtpSink, int]]:
-    sink = SmtpSink()
-    port = free_port()
-    controller = Controller(sink, hostname="127.0.0.1", port=port)
-    controller.start()
-    yield sink, port
-    controller.stop()
 
 
 @pytest.fixture

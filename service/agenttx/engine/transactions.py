@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import failpoints
 from ..cleaner import clean_error
 from ..errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, StoreUnavailable
 from ..store.client import (
@@ -223,13 +224,13 @@ class Engine:
         else:
             prefixes = []
         snap = await self._load(tx_id, prefetch, prefixes)             # round trip 1
+        snap = await self._settle(snap)
         self._require_active(snap)
         header = snap.header
         if step_id != header["next_step_id"]:
             raise FailedPrecondition(
                 f"step_id {step_id} is out of order: transaction {tx_id} expects step "
                 f"{header['next_step_id']}")
-        snap = await self._settle_applying(snap)
 
         overlay = Overlay.build(snap.ordered())
         fs_root = header["policy"]["fs_root"]
@@ -328,6 +329,8 @@ class Engine:
             else:
                 compares.append(cmp_value(lock, snap.tx_id.encode()))
             success[1] = op_put(self.keys.step(snap.tx_id, step_id), to_json(record))
+        if fs:
+            failpoints.hit("fs.write.before_intent")
         res = await self.store.txn(compares, success, [op_get(hkey)], what="step")  # round trip 2
         if not res.succeeded:
             if fs:
@@ -346,6 +349,7 @@ class Engine:
                                     fs_data_id(fs["path"]) if fs else None, set(record["refs"]),
                                     {}, set(record["touched"]))
         if fs:
+            failpoints.hit("fs.write.after_intent")
             try:
                 sandbox.install_temp(pathlib.Path(fs["tmp"]), pathlib.Path(fs["target"]))
             except OSError as exc:
@@ -357,6 +361,8 @@ class Engine:
                 return await self._fail(restored, step_id, record["tool"],
                                         f"{exc.strerror or exc}: '{fs['path']}'", "path",
                                         None, set(record["refs"]), {}, set(record["touched"]))
+        if fs:
+            failpoints.hit("fs.write.after_rename")
         log.info("step applied", extra={"tx": snap.tx_id, "step": step_id,
                                         "tool": record["tool"], "extra_reads": ctx.extra_reads})
         return StepOutcome(status="SUCCESS", next_step_id=step_id + 1,
@@ -372,6 +378,12 @@ class Engine:
         if not res.succeeded:
             raise FailedPrecondition(f"transaction {snap.tx_id} changed concurrently")
         return await self._load(snap.tx_id)
+
+    async def _settle(self, snap: Snapshot) -> Snapshot:
+        """Finish what a dead replica left half-done (a rollback, a file write) before
+        serving a call; both are rare and cost nothing when absent."""
+        snap = await self._settle_undoing(snap)
+        return await self._settle_applying(snap)
 
     async def _settle_applying(self, snap: Snapshot) -> Snapshot:
         """Steps whose fs.write may not have reached the disk: done, in flight or dead.
@@ -390,8 +402,7 @@ class Engine:
             if sandbox.current_hash(target) == fs["new_sha256"]:
                 fs["state"] = "done"
                 continue
-            alive = await self.store.get(self.keys.replica(fs.get("owner", "")))
-            if alive is not None and _now() - fs.get("since", 0) < APPLY_GRACE_S:
+            if await self._owner_alive(fs) and _now() - fs.get("since", 0) < APPLY_GRACE_S:
                 raise FailedPrecondition(
                     f"step {rec['step_id']} of transaction {snap.tx_id} is still being applied")
             changed = True
@@ -405,16 +416,10 @@ class Engine:
                     if r.get("fs") and r["fs"].get("state") == "applying"
                     and sandbox.current_hash(pathlib.Path(r["fs"]["target"])) != r["fs"]["new_sha256"])
         undo = [i for i in reversed(snap.live) if i >= first]
-        errors, done = await self._undo_steps(snap, undo)
-        header = dict(snap.header)
-        remaining = [i for i in snap.live if i not in done]
-        header["next_step_id"] = (max(remaining) + 1) if remaining else 1
-        header["attempts"] = 0
-        if errors:
-            header["status"] = AWAITING_ROLLBACK
-        await self._write_state(snap, header, done)
-        log.warning("recovered interrupted fs.write", extra={"tx": snap.tx_id, "undone": done,
-                                                               "errors": errors})
+        then = {"next_step_id": first, "attempts": 0}
+        errors, done, _ = await self._undo_and_finish(snap, undo, then, end=False)
+        log.warning("recovered an interrupted fs.write", extra={"tx": snap.tx_id, "undone": done,
+                                                                 "errors": errors})
         return await self._load(snap.tx_id)
 
     # ------------------------------------------------------------------ undo
@@ -477,19 +482,74 @@ class Engine:
                 "GetTransaction")
         return res.revision
 
-    async def _mark_undoing(self, snap: Snapshot, order: list[int],
-                            fence: Sequence[Any] = ()) -> Snapshot:
-        """Durable intent before undoing files, so a crash mid-undo is resumed, not lost."""
-        if not any(snap.steps[i].get("fs") or snap.steps[i].get("saga") for i in order):
+    async def _undo_and_finish(self, snap: Snapshot, order: list[int], then: dict[str, Any],
+                               *, end: bool, fence: Callable[[], Sequence[Any]] = lambda: ()
+                               ) -> tuple[list[str], list[int], dict[str, Any]]:
+        """Undo `order` (descending step ids) and commit the resulting state.
+
+        When files (or custom sagas) must be undone, an intent naming the steps and the
+        state to reach (`then`, or the end of the transaction) is committed first, so a
+        replica that dies half-way leaves a durable plan that any replica resumes
+        (`_settle_undoing`). Undo actions are idempotent, so resuming is safe. If an undo
+        fails, the rollback stops there and the transaction waits for a manual rollback
+        (SPEC §5 MANUAL). Returns (errors, undone steps, the header written)."""
+        work = snap
+        if any(snap.steps[i].get("fs") or snap.steps[i].get("saga") for i in order):
+            header = dict(snap.header)
+            header["undoing"] = {"steps": order, "owner": self.replica_id, "since": _now(),
+                                 "then": then, "end": end}
+            hkey = self.keys.tx_header(snap.tx_id)
+            res = await self.store.txn([cmp_mod(hkey, snap.header_rev), *fence()],
+                                       [op_put(hkey, to_json(header))], what="undo intent")
+            if not res.succeeded:
+                raise FailedPrecondition(f"transaction {snap.tx_id} was changed concurrently; "
+                                         "re-read it with GetTransaction")
+            work = Snapshot(snap.tx_id, header, res.revision, snap.steps, snap.data)
+            failpoints.hit("undo.after_intent")
+        errors, done = await self._undo_steps(work, order)
+        failpoints.hit("undo.after_restore")
+        header = dict(work.header)
+        header.pop("undoing", None)
+        header["updated_at"] = _now()
+        if errors:
+            remaining = [i for i in snap.live if i not in done]
+            header.update(status=AWAITING_ROLLBACK, attempts=0,
+                          next_step_id=(max(remaining) + 1) if remaining else 1)
+            header["replay_used"] = header.get("replay_used", 0) + len(done)
+            await self._write_state(work, header, done, fence=fence())
+            log.warning("undo failed; transaction awaits manual rollback",
+                        extra={"tx": snap.tx_id, "errors": errors, "undone": done})
+            return errors, done, header
+        header.update(then)
+        await self._write_state(work, header, done, end=end, fence=fence())
+        return errors, done, header
+
+    async def _settle_undoing(self, snap: Snapshot) -> Snapshot:
+        """Resume a rollback whose replica died between its intent and its end."""
+        intent = snap.header.get("undoing")
+        if not intent:
             return snap
+        if await self._owner_alive(intent) and _now() - intent.get("since", 0) < APPLY_GRACE_S:
+            raise FailedPrecondition(f"a rollback of transaction {snap.tx_id} is in progress; "
+                                     "retry shortly")
+        order = [i for i in intent["steps"] if i in snap.steps]
+        log.warning("resuming an interrupted rollback", extra={"tx": snap.tx_id, "steps": order,
+                                                               "owner": intent.get("owner")})
         header = dict(snap.header)
-        header["undoing"] = {"steps": order, "owner": self.replica_id, "since": _now()}
-        hkey = self.keys.tx_header(snap.tx_id)
-        res = await self.store.txn([cmp_mod(hkey, snap.header_rev), *fence],
-                                   [op_put(hkey, to_json(header))], what="undo intent")
-        if not res.succeeded:
-            raise FailedPrecondition(f"transaction {snap.tx_id} was changed concurrently")
-        return Snapshot(snap.tx_id, header, res.revision, snap.steps, snap.data)
+        header.pop("undoing", None)
+        base = Snapshot(snap.tx_id, header, snap.header_rev, snap.steps, snap.data)
+        # Re-marking makes this replica the owner of the intent while it finishes it.
+        errors, _, _ = await self._undo_and_finish(base, order, intent.get("then", {}),
+                                                   end=bool(intent.get("end")))
+        if intent.get("end") and not errors:
+            raise NotFound(f"transaction {snap.tx_id} not found (unknown, committed or aborted)")
+        return await self._load(snap.tx_id)
+
+    async def _owner_alive(self, marker: dict[str, Any]) -> bool:
+        owner = marker.get("owner", "")
+        if owner == self.replica_id:
+            return True
+        return await self.store.get(self.keys.replica(owner)) is not None
 
     # ------------------------------------------------------------------ failure
     async def _fail(self, snap: Snapshot, step_id: int, tool_name: str, raw: str,
@@ -526,53 +586,33 @@ class Engine:
             status="ROLLBACK_TRIGGERED", next_step_id=plan.next_step_id, constraints=constraints,
             clean_hint=cleaned.hint, strategy=plan.strategy, rollback_to_step=plan.rollback_to_step,
             context_reset=plan.context_reset, error_category=cleaned.category)
-        if not plan.undo:
-            if plan.strategy is Strategy.ABORT:
-                await self._write_state(snap, header, [], end=True)
-                outcome.status, outcome.abort_reason = "FAILED", plan.abort_reason
-                return outcome
+        if plan.strategy is Strategy.LOCAL_BACKTRACK:
             header["attempts"] = attempts
             header["updated_at"] = _now()
             await self._write_state(snap, header, [])
             return outcome
-        work = await self._mark_undoing(snap, list(plan.undo))
-        errors, done = await self._undo_steps(work, list(plan.undo))
+        then = {"next_step_id": plan.next_step_id, "attempts": 0,
+                "global_resets": plan.global_resets,
+                "replay_used": header["replay_used"] + len(plan.undo)}
+        undo_base = Snapshot(snap.tx_id, header, snap.header_rev, snap.steps, snap.data)
+        errors, done, written = await self._undo_and_finish(
+            undo_base, list(plan.undo), then, end=plan.strategy is Strategy.ABORT)
         outcome.rollback_latency_ms = (time.perf_counter() - started) * 1000.0
-        header.pop("undoing", None)
-        header["replay_used"] = header["replay_used"] + len(done)
-        header["updated_at"] = _now()
         if errors:
-            return await self._to_manual(work, header, done, errors, outcome)
-        if plan.strategy is Strategy.ABORT:
-            await self._write_state(work, header, done, end=True)
-            outcome.status, outcome.abort_reason = "FAILED", plan.abort_reason
+            outcome.strategy = Strategy.MANUAL
+            outcome.next_step_id = written["next_step_id"]
+            outcome.rollback_to_step = min(done) if done else written["next_step_id"]
+            outcome.compensation_errors = errors
+            outcome.context_reset = False
             return outcome
-        header.update(next_step_id=plan.next_step_id, attempts=0,
-                      global_resets=plan.global_resets)
-        await self._write_state(work, header, done)
-        outcome.rollback_latency_ms = (time.perf_counter() - started) * 1000.0
-        return outcome
-
-    async def _to_manual(self, snap: Snapshot, header: dict[str, Any], done: list[int],
-                         errors: list[str], outcome: StepOutcome) -> StepOutcome:
-        remaining = [i for i in snap.live if i not in done]
-        header.update(status=AWAITING_ROLLBACK, attempts=0,
-                      next_step_id=(max(remaining) + 1) if remaining else 1)
-        await self._write_state(snap, header, done)
-        outcome.strategy = Strategy.MANUAL
-        outcome.status = "ROLLBACK_TRIGGERED"
-        outcome.next_step_id = header["next_step_id"]
-        outcome.rollback_to_step = min(done) if done else header["next_step_id"]
-        outcome.compensation_errors = errors
-        outcome.context_reset = False
-        outcome.abort_reason = ""
-        log.warning("undo failed; transaction awaits manual rollback",
-                    extra={"tx": snap.tx_id, "errors": errors})
+        if plan.strategy is Strategy.ABORT:
+            outcome.status, outcome.abort_reason = "FAILED", plan.abort_reason
         return outcome
 
     # ------------------------------------------------------------------ rollback
     async def rollback(self, tx_id: str, to_step: int | None, reason: str) -> RollbackOutcome:
         snap = await self._load(tx_id)                                 # round trip 1
+        snap = await self._settle(snap)
         header = dict(snap.header)
         if to_step and to_step >= header["next_step_id"]:
             raise InvalidArgument(
@@ -580,30 +620,19 @@ class Engine:
                 f"{header['next_step_id']} (or 0 to abort)")
         abort = not to_step
         order = [i for i in reversed(snap.live) if abort or i >= (to_step or 0)]
-        work = await self._mark_undoing(snap, order)
-        errors, done = await self._undo_steps(work, order)
-        header.pop("undoing", None)
-        header["updated_at"] = _now()
+        then = {"status": ACTIVE, "next_step_id": to_step or 0, "attempts": 0}
+        errors, done, written = await self._undo_and_finish(snap, order, then, end=abort)
         log.info("rollback requested", extra={"tx": tx_id, "to_step": to_step, "reason": reason,
                                               "undone": done, "errors": errors})
         if errors:
-            remaining = [i for i in snap.live if i not in done]
-            header.update(status=AWAITING_ROLLBACK, attempts=0,
-                          next_step_id=(max(remaining) + 1) if remaining else 1)
-            await self._write_state(work, header, done)
-            return RollbackOutcome(False, header["next_step_id"], len(done), errors)
-        if abort:
-            await self._write_state(work, header, done, end=True)
-            return RollbackOutcome(True, 0, len(done), [])
-        header.update(status=ACTIVE, next_step_id=to_step, attempts=0)
-        await self._write_state(work, header, done)
-        return RollbackOutcome(True, int(to_step or 0), len(done), [])
+            return RollbackOutcome(False, written["next_step_id"], len(done), errors)
+        return RollbackOutcome(True, 0 if abort else int(to_step or 0), len(done), [])
 
     # ------------------------------------------------------------------ commit
     async def commit(self, tx_id: str) -> CommitOutcome:
         snap = await self._load(tx_id)                                 # round trip 1
+        snap = await self._settle(snap)
         self._require_active(snap)
-        snap = await self._settle_applying(snap)
         overlay = Overlay.build(snap.ordered())
         hkey = self.keys.tx_header(tx_id)
         compares = [cmp_mod(hkey, snap.header_rev)]
@@ -639,6 +668,7 @@ class Engine:
             # Never retry a CAS blindly: re-read and decide (the commit may have applied).
             return await self._commit_fate(snap, overlay)
         if res.succeeded:
+            failpoints.hit("commit.after_txn")
             steps = len(snap.live)
             log.info("transaction committed", extra={"tx": tx_id, "steps": steps,
                                                      "effects": len(outbox)})
@@ -691,20 +721,11 @@ class Engine:
         raise FailedPrecondition(f"transaction {snap.tx_id} was changed concurrently")
 
     async def _compensate_and_end(self, snap: Snapshot, why: str) -> None:
-        order = list(reversed(snap.live))
-        work = await self._mark_undoing(snap, order)
-        errors, done = await self._undo_steps(work, order)
+        errors, _, _ = await self._undo_and_finish(snap, list(reversed(snap.live)), {}, end=True)
         if errors:
-            header = dict(work.header)
-            header.pop("undoing", None)
-            remaining = [i for i in snap.live if i not in done]
-            header.update(status=AWAITING_ROLLBACK,
-                          next_step_id=(max(remaining) + 1) if remaining else 1)
-            await self._write_state(work, header, done)
             log.error("compensation failed", extra={"tx": snap.tx_id, "why": why, "errors": errors})
             raise Conflict(f"commit aborted: {why}; compensation failed ({'; '.join(errors)}): "
                            "call RollbackTransaction to finish undoing")
-        await self._write_state(work, work.header, done, end=True)
         log.info("transaction aborted", extra={"tx": snap.tx_id, "why": why})
 
     async def _dispatch(self, entries: list[tuple[bytes, int]]) -> tuple[int, list[str]]:
@@ -724,26 +745,22 @@ class Engine:
         snap = await self._load(tx_id)
         if snap.header_rev != header_rev:
             return False
-        order = list(reversed(snap.live))
-        work = await self._mark_undoing(snap, order, fence())
-        errors, done = await self._undo_steps(work, order)
+        errors, done, _ = await self._undo_and_finish(snap, list(reversed(snap.live)), {},
+                                                      end=True, fence=fence)
         if errors:
-            header = dict(work.header)
-            header.pop("undoing", None)
-            remaining = [i for i in snap.live if i not in done]
-            header.update(status=AWAITING_ROLLBACK,
-                          next_step_id=(max(remaining) + 1) if remaining else 1)
-            await self._write_state(work, header, done, fence=fence())
             log.error("idle transaction could not be compensated",
                       extra={"tx": tx_id, "errors": errors})
             return False
-        await self._write_state(work, work.header, done, end=True, fence=fence())
         log.info("idle transaction expired", extra={"tx": tx_id, "undone": done})
         return True
 
     # ------------------------------------------------------------------ get
     async def get(self, tx_id: str) -> TransactionView:
         snap = await self._load(tx_id)                                 # round trip 1
+        try:
+            snap = await self._settle(snap)
+        except FailedPrecondition:
+            pass  # still in flight on a live replica: show the state as it stands
         h = snap.header
         touch = self.keys.tx_touch(tx_id)
         try:  # activity for the idle reaper; only while the header exists

@@ -11,6 +11,13 @@ a `rollback` kind that tells the engine how to undo it:
   sent after commit and simply discarded on rollback.
 - ``RollbackKind.READ_ONLY`` nothing to undo.
 
+The argument model is either a sequence of `Field` (what the built-ins use; `execute`
+gets a dict) or a pydantic model, ideally a `ToolArguments` subclass (`execute` gets a
+validated instance). Either way validation runs in strict mode against the arguments
+after `${steps…}` references are resolved, and failures read like serde's
+(``missing field `id```, ``unknown field `x`, expected one of …``, ``invalid type:
+string "5", expected an integer``), so users' tools get the built-ins' hints.
+
 Failures: raise `ToolError(message)` (or any exception; its text is used). The message
 is classified by the error cleaner, so PostgreSQL-, POSIX- or serde-style wording gets
 precise hints (e.g. ``duplicate key value violates unique constraint "t_pkey"``).
@@ -22,9 +29,12 @@ each entry point naming a Tool subclass (see docs/tools.md and examples/).
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..engine.jsonargs import describe
 
@@ -78,8 +88,25 @@ def _type_ok(value: Any, kind: ArgType) -> bool:
     return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
-def validate_arguments(args: Mapping[str, Any], fields: Sequence[Field]) -> dict[str, Any]:
-    """Check `args` against `fields` with serde's (deny_unknown_fields) messages."""
+class ToolArguments(BaseModel):
+    """Base for a custom tool's pydantic argument model: unknown fields are refused (serde's
+    deny_unknown_fields, like the built-ins) and the validated instance is immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+ArgumentModel = Sequence[Field] | type[BaseModel]
+
+
+def validate_arguments(args: Mapping[str, Any], fields: ArgumentModel) -> Any:
+    """Check `args` against the tool's argument model with serde's messages.
+
+    `fields` is a sequence of `Field` (returns a dict with defaults filled in) or a
+    pydantic model class (returns a validated instance; strict mode, so `"5"` is not an
+    integer, as in serde). Raises ToolError naming the offending argument.
+    """
+    if isinstance(fields, type) and issubclass(fields, BaseModel):
+        return _validate_model(args, fields)
     by_name = {f.name: f for f in fields}
     for name, value in args.items():
         spec = by_name.get(name)
@@ -89,7 +116,8 @@ def validate_arguments(args: Mapping[str, Any], fields: Sequence[Field]) -> dict
             expected = ", ".join(f"`{f.name}`" for f in fields)
             raise ToolError(f"unknown field `{name}`, expected one of {expected}", argument=name)
         if not _type_ok(value, spec.type):
-            raise ToolError(f"invalid type: {describe(value)}, expected {spec.type.value}",
+            # serde_path_to_error's `<path>: ` prefix, so the hint can name the argument
+            raise ToolError(f"{name}: invalid type: {describe(value)}, expected {spec.type.value}",
                             argument=name)
     out: dict[str, Any] = {}
     for spec in fields:
@@ -102,13 +130,87 @@ def validate_arguments(args: Mapping[str, Any], fields: Sequence[Field]) -> dict
     return out
 
 
+_PYDANTIC_TYPES = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "bool_type": "a boolean",
+    "dict_type": "a map",
+    "model_type": "a map",
+    "model_attributes_type": "a map",
+    "list_type": "a sequence",
+    "tuple_type": "a sequence",
+    "none_required": "null",
+}
+# Reported first, like serde: unknown fields and bad values as met, missing fields last.
+_PYDANTIC_ORDER = {"extra_forbidden": 0, "missing": 2}
+
+
+def _validate_model(args: Mapping[str, Any], model: type[BaseModel]) -> BaseModel:
+    try:
+        return model.model_validate(dict(args), strict=True)
+    except ValidationError as exc:
+        errors = sorted(exc.errors(include_url=False),
+                        key=lambda e: _PYDANTIC_ORDER.get(e["type"], 1))
+        message, argument = _serde_message(errors[0], model)
+        raise ToolError(message, argument=argument) from None
+
+
+def _serde_message(err: Any, model: type[BaseModel]) -> tuple[str, str]:
+    """One pydantic error -> (serde-style message, dotted argument path)."""
+    loc = [str(part) for part in err["loc"]]
+    path = ".".join(loc)
+    name, parent = (loc[-1] if loc else ""), ".".join(loc[:-1])
+    kind, value = err["type"], err.get("input")
+    # serde_path_to_error's `<path>: ` prefix: the enclosing object's path for missing and
+    # unknown fields (their message names the field), the value's own path otherwise.
+    where, at = (f"{parent}: " if parent else ""), (f"{path}: " if path else "")
+    if kind == "missing":
+        return f"{where}missing field `{name}`", path
+    if kind == "extra_forbidden":
+        if parent:
+            return f"{where}unknown field `{name}`", path
+        expected = ", ".join(f"`{f.alias or n}`" for n, f in model.model_fields.items())
+        tail = f", expected one of {expected}" if expected else ", there are no fields"
+        return f"unknown field `{name}`{tail}", path
+    if kind in _PYDANTIC_TYPES:
+        return f"{at}invalid type: {describe(value)}, expected {_PYDANTIC_TYPES[kind]}", path
+    if kind in ("literal_error", "enum"):
+        allowed = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+        if isinstance(value, str) and allowed:
+            choices = ", ".join(f"`{a}`" for a in allowed)
+            return f"{at}unknown variant `{value}`, expected one of {choices}", path
+    msg = str(err.get("msg", "is invalid"))
+    if kind == "string_pattern_mismatch":
+        expected = f"a string matching {(err.get('ctx') or {}).get('pattern', '')}"
+    elif msg.startswith("Input should be "):
+        expected = msg[len("Input should be "):]
+        if not expected.startswith(("a ", "an ", "'")):
+            expected = f"a value {expected}"
+    elif msg.startswith("String should have "):
+        expected = "a string with " + msg[len("String should have "):]
+    elif msg.startswith("List should have "):
+        expected = "a sequence with " + msg[len("List should have "):]
+    elif msg.startswith("Value error, "):
+        expected = "a valid value (" + msg[len("Value error, "):] + ")"
+    else:
+        expected = f"a valid value ({msg})"
+    return f"{at}invalid value: {describe(value)}, expected {expected}", path
+
+
 # ---- what a tool sees ----------------------------------------------------------------
 
 class ToolContext(Protocol):
-    """The engine's view for one step: committed data plus this transaction's live writes."""
+    """The engine's view for one step: committed data plus this transaction's live writes.
+
+    `fs_root` is the transaction's sandbox directory (the server's --fs-root, or the
+    matching policy's sandbox): a SAGA tool that keeps files may put them under it.
+    """
 
     tx_id: str
     step_id: int
+    fs_root: str
 
     async def kv_get(self, key: str) -> tuple[bool, Any]: ...
     async def kv_put(self, key: str, value: Any) -> None: ...
@@ -127,17 +229,19 @@ class ToolResult:
 
 
 class Tool:
-    """Base class for tools. Subclasses set `name`, `fields`, `rollback`, implement `execute`."""
+    """Base class for tools. Subclasses set `name`, `fields`, `rollback`, implement `execute`
+    (and `compensate` for SAGA tools)."""
 
     name: ClassVar[str] = ""
-    fields: ClassVar[Sequence[Field]] = ()
+    # A sequence of Field (execute gets a dict) or a pydantic model (execute gets an instance).
+    fields: ClassVar[ArgumentModel] = ()
     rollback: ClassVar[RollbackKind] = RollbackKind.READ_ONLY
     # Data ids this tool needs from etcd, computed from (unresolved) arguments so the
     # engine can fetch them in the step's first round trip. Optional optimisation.
     def prefetch(self, args: Mapping[str, Any]) -> Sequence[tuple[str, Any]]:
         return ()
 
-    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         raise NotImplementedError
 
     async def compensate(self, compensation: Any) -> None:

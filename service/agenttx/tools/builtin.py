@@ -110,8 +110,9 @@ class RecordInsert(Tool):
         check_table(table, "table")
         for f, ref_table in references.items():
             if not isinstance(ref_table, str):
-                raise ToolError(f"invalid type: {describe(ref_table)}, expected a string",
-                                argument=f"references.{f}")
+                # "<argument>: " names the argument in the hint (serde_path_to_error style)
+                raise ToolError(f"references.{f}: invalid type: {describe(ref_table)}, "
+                                "expected a string", argument=f"references.{f}")
             check_table(ref_table, f"references.{f}")
         # PostgreSQL's order: NOT NULL, then the primary key, then foreign keys.
         for f in references:
@@ -126,8 +127,8 @@ class RecordInsert(Tool):
         for f, ref_table in references.items():
             value = fields[f]
             if not isinstance(value, str | int | float) or isinstance(value, bool):
-                raise ToolError(f"invalid type: {describe(value)}, expected a string or number",
-                                argument=f"fields.{f}")
+                raise ToolError(f"fields.{f}: invalid type: {describe(value)}, expected a "
+                                "string or number", argument=f"fields.{f}")
             if await ctx.record_get(ref_table, value) is None:
                 raise ToolError(
                     f'insert or update on table "{table}" violates foreign key constraint '

@@ -1,0 +1,52 @@
+"""Named crash points for fault-injection tests (inert unless AGENTTX_FAILPOINTS is set).
+
+    AGENTTX_FAILPOINTS="fs.write.after_intent=crash,commit.after_txn=crash"
+
+`crash` kills the process on the spot with SIGKILL (no cleanup, no flush: exactly what
+a node failure looks like); `sleep(<seconds>)` pauses, to widen race windows. Points:
+
+    fs.write.before_intent   temp file written, step not yet committed to etcd
+    fs.write.after_intent    step (with undo image) committed, file not yet renamed
+    fs.write.after_rename    file in place, response not yet sent
+    undo.after_intent        undo intent committed, files not yet restored
+    undo.after_restore       files restored, state not yet committed
+    commit.after_txn         commit applied in etcd, effects not yet delivered
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+_SPEC = re.compile(r"^(crash|sleep\((\d+(?:\.\d+)?)\))$")
+
+
+def _parse(text: str) -> dict[str, str]:
+    points: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, _, action = item.partition("=")
+        action = action.strip() or "crash"
+        if not _SPEC.match(action):
+            raise ValueError(f"AGENTTX_FAILPOINTS: unknown action {action!r} for {name!r}")
+        points[name.strip()] = action
+    return points
+
+
+_POINTS = _parse(os.environ.get("AGENTTX_FAILPOINTS", ""))
+
+
+def hit(name: str) -> None:
+    """Called at a named point; does nothing unless that point is armed."""
+    if not _POINTS:
+        return
+    action = _POINTS.get(name)
+    if action is None:
+        return
+    if action == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)  # never reached
+    m = _SPEC.match(action)
+    if m and m.group(2):
+        time.sleep(float(m.group(2)))
