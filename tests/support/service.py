@@ -79,18 +79,21 @@ class ServiceProcess:
         return pb_grpc.AgentTxServiceStub(self.channel)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
-        if self._channel is not None:
+        p = self.process
+        code: int | None = p.returncode if p else None
+        if p is not None and p.poll() is None:
+            p.send_signal(sig)
+            try:
+                code = p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                code = p.wait()
+        # Closed after the process is gone, so in-flight calls see what a client of a
+        # dead server sees (UNAVAILABLE), not a closed local channel.
+        if self._channel is not None and sig != signal.SIGKILL:
             self._channel.close()
             self._channel = None
-        p = self.process
-        if p is None or p.poll() is not None:
-            return p.returncode if p else None
-        p.send_signal(sig)
-        try:
-            return p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            return p.wait()
+        return code
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)

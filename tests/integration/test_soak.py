@@ -1,0 +1,170 @@
+"""Soak: concurrent agents, random step failures and replica kills, bounded in count.
+
+Afterwards the invariants a user relies on must hold: every committed effect was
+delivered exactly once per idempotency key, no file from aborted work is left in the
+sandbox, and no lock, outbox entry or transaction key is left in etcd.
+Loopback only; ~40 transactions; prints its figures.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+
+import grpc
+import pytest
+from support.service import Agent, ServiceProcess
+
+from agenttx._proto import agenttx_pb2 as pb
+from agenttx.store.client import connect
+from agenttx.store.layout import Keys
+
+AGENTS = 4
+TX_PER_AGENT = 25
+KILLS = 3
+FAST = ["--replica-ttl-s", "2", "--leader-ttl-s", "2", "--effect-claim-s", "2",
+        "--effect-poll-s", "0.2"]
+
+
+@pytest.mark.timeout(300)
+async def test_soak_concurrent_agents_with_failures_and_kills(etcd, scratch, sandbox, webhook):
+    prefix = f"/agenttx-soak-{uuid.uuid4().hex[:6]}"
+    root = sandbox / f"soak-{uuid.uuid4().hex[:6]}"
+    root.mkdir()
+    env = {"AGENTTX_EFFECT_CHANNELS": json.dumps({"hooks": {"kind": "webhook",
+                                                            "url": webhook.url}})}
+
+    def replica(name: str) -> ServiceProcess:
+        return ServiceProcess(name, etcd_endpoints=etcd.endpoints, prefix=prefix,
+                              fs_root=str(root), workdir=scratch / "soak", env=env,
+                              extra_args=FAST).start()
+
+    replicas = [replica("soak-0"), replica("soak-1"), replica("soak-2")]
+    lock = threading.Lock()
+    committed_effects: set[str] = set()
+    committed_files: dict[str, str] = {}
+    aborted_files: set[str] = set()
+    uncertain: dict[str, str] = {}   # path -> effect key of commits cut off by a kill
+    abandoned: set[str] = set()      # paths of transactions cut off before commit
+    stats = {"committed": 0, "aborted": 0, "failed_steps": 0, "unavailable": 0, "kills": 0}
+    rng = random.Random(20261130)
+    started = time.monotonic()
+
+    def pick_stub(i: int):
+        while True:
+            p = replicas[i % len(replicas)]
+            if p.process and p.process.poll() is None:
+                return p.stub
+            i += 1
+
+    def run_agent(n: int) -> None:
+        local = random.Random(n)
+        for t in range(TX_PER_AGENT):
+            for _ in range(8):  # a replica may die under us: start over elsewhere
+                tag = f"a{n}-t{t}-{uuid.uuid4().hex[:6]}"
+                phase = "steps"
+                try:
+                    agent = Agent(pick_stub(local.randrange(3)), agent_id=f"soak-{n}")
+                    path = f"{tag}.txt"
+                    agent.ok("fs.write", {"path": path, "contents": tag})
+                    agent.ok("kv.put", {"key": tag, "value": t})
+                    if local.random() < 0.4:  # a failing step (no row), retried changed
+                        r = agent.step("kv.get", {"key": f"missing-{tag}"})
+                        assert r.status == pb.STEP_STATUS_ROLLBACK_TRIGGERED
+                        with lock:
+                            stats["failed_steps"] += 1
+                    key = f"eff-{tag}"
+                    agent.ok("effect.stage", {"channel": "hooks", "payload": {"tag": tag},
+                                              "idempotency_key": key})
+                    if local.random() < 0.25:
+                        assert agent.rollback().rolled_back
+                        with lock:
+                            stats["aborted"] += 1
+                            aborted_files.add(path)
+                    else:
+                        phase = "commit"
+                        assert agent.commit().committed
+                        with lock:
+                            stats["committed"] += 1
+                            committed_effects.add(key)
+                            committed_files[path] = tag
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                                          grpc.StatusCode.FAILED_PRECONDITION,
+                                          grpc.StatusCode.NOT_FOUND), exc
+                    with lock:
+                        stats["unavailable"] += 1
+                        # A commit cut off by a kill may or may not have applied.
+                        if phase == "commit":
+                            uncertain[f"{tag}.txt"] = f"eff-{tag}"
+                        else:
+                            abandoned.add(f"{tag}.txt")
+                    time.sleep(0.3)
+
+    threads = [threading.Thread(target=run_agent, args=(n,)) for n in range(AGENTS)]
+    for th in threads:
+        th.start()
+    # Chaos: SIGKILL a random replica twice while the agents run, then bring it back.
+    for _ in range(KILLS):
+        time.sleep(0.4)
+        victim = rng.randrange(3)
+        replicas[victim].kill()
+        stats["kills"] += 1
+        time.sleep(0.5)
+        replicas[victim] = replica(f"soak-{victim}-r{stats['kills']}")
+    for th in threads:
+        th.join(timeout=240)
+    agents_done = time.monotonic() - started
+
+    # Abandoned transactions (their replica died mid-flight) are finished by the other
+    # replicas: interrupted writes rolled back, idle ones reaped. Abort them explicitly
+    # so the invariants below can be checked now rather than after the idle timeout.
+    store = connect(etcd.endpoints)
+    keys = Keys(prefix)
+    try:
+        for kv in await store.get_prefix(keys.all_tx_prefix()):
+            if kv.key.endswith(b"/header"):
+                tx = kv.key.decode().split("/")[-2]
+                stub = pick_stub(0)
+                for _ in range(40):
+                    try:
+                        stub.RollbackTransaction(pb.RollbackTransactionRequest(transaction_id=tx))
+                        break
+                    except grpc.RpcError as exc:
+                        if exc.code() == grpc.StatusCode.NOT_FOUND:
+                            break
+                        time.sleep(0.5)
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and set(webhook.keys()) < committed_effects:
+            time.sleep(0.3)
+        counts = webhook.keys()
+        elapsed = time.monotonic() - started
+        print(f"\nsoak: {stats} uncertain_commits={len(uncertain)} abandoned={len(abandoned)} "
+              f"effects_delivered={len(counts)} agents_s={agents_done:.1f} elapsed={elapsed:.1f}s")
+
+        assert stats["committed"] + stats["aborted"] == AGENTS * TX_PER_AGENT
+        assert stats["kills"] == KILLS
+        # every committed effect exactly once; nothing from aborted or abandoned work
+        assert {k for k in committed_effects if counts[k] != 1} == set()
+        assert all(counts[k] <= 1 for k in counts)
+        for path, tag in committed_files.items():
+            assert (root / path).read_text() == tag
+        for path in aborted_files | abandoned:
+            assert not (root / path).exists(), path
+        for path, key in uncertain.items():  # applied => file kept AND effect sent once
+            assert (root / path).exists() == (counts[key] == 1), (path, key)
+        leftovers = {p.name for p in root.iterdir()} - set(committed_files) - set(uncertain)
+        assert leftovers == set(), leftovers
+        # no orphans in etcd
+        assert await store.get_prefix(keys.all_tx_prefix()) == []
+        assert await store.get_prefix(f"{keys.prefix}/locks/".encode()) == []
+        assert await store.get_prefix(keys.outbox_prefix()) == []
+    finally:
+        await store.close()
+        for p in replicas:
+            p.stop()
