@@ -11,6 +11,7 @@ serve: venv
 test: venv
 	.venv/bin/python scripts/gen_proto.py --check
 	.venv/bin/ruff check .
+	.venv/bin/mypy service/agenttx
 	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10
 
 unit: venv

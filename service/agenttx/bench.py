@@ -150,7 +150,8 @@ def main(argv: list[str]) -> int:
         print(f"{report['transactions']} transactions x {report['steps_per_tx']} steps, "
               f"{report['concurrency']} agents: {report['tx_per_s']} tx/s, "
               f"{report['steps_per_s']} steps/s, errors {report['errors']}")
-        for name, lat in report["latency_ms"].items():  # type: ignore[union-attr]
+        latencies: dict[str, dict[str, float]] = report["latency_ms"]  # type: ignore[assignment]
+        for name, lat in latencies.items():
             print(f"  {name:<28} n={lat['n']:<5} p50={lat['p50']:>7} ms  p95={lat['p95']:>7} ms"
                   f"  p99={lat['p99']:>7} ms")
         if "service_peak_rss_mib" in report:

@@ -59,12 +59,12 @@ def begin(agent_id: str, metadata: dict[str, str], policy: Any | None) -> dict[s
                 raise InvalidArgument(f"policy.{name} is {v}; it must be between {lo} and {hi}")
             overrides[name] = v
     if policy.HasField("replay_budget_factor"):
-        v = policy.replay_budget_factor
-        lo, hi = FACTOR_RANGE
-        if not math.isfinite(v) or not lo <= v <= hi:
-            raise InvalidArgument(f"policy.replay_budget_factor is {v}; it must be a finite "
-                                  f"number between {lo} and {hi:g}")
-        overrides["replay_budget_factor"] = v
+        factor = float(policy.replay_budget_factor)
+        flo, fhi = FACTOR_RANGE
+        if not math.isfinite(factor) or not flo <= factor <= fhi:
+            raise InvalidArgument(f"policy.replay_budget_factor is {factor}; it must be a finite "
+                                  f"number between {flo} and {fhi:g}")
+        overrides["replay_budget_factor"] = factor
     return overrides
 
 

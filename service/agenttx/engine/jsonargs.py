@@ -9,6 +9,7 @@ Never raises anything but ArgumentsError.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -17,8 +18,9 @@ MAX_DEPTH = 128
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKETS = re.compile(r"[\[\]{}]")
-_LONE_HIGH = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})")
-_LONE_LOW = re.compile(r"(?<![0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+# One escape inside a string: `\uXXXX` (hex captured) or any other `\x` (consumed whole,
+# so an escaped backslash followed by `ud800` is text, not an escape).
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
 
 
 class ArgumentsError(Exception):
@@ -64,6 +66,10 @@ def _serde_message(exc: json.JSONDecodeError, text: str) -> str:
         return f"invalid escape at line {line} column {col}"
     if msg.startswith("Invalid \\escape"):
         return f"invalid escape at line {line} column {col}"
+    if msg.startswith("Unexpected UTF-8 BOM"):  # serde: a BOM is not whitespace
+        return f"expected value at line {line} column {col}"
+    if msg.startswith("Illegal trailing comma"):  # Python >= 3.13
+        return f"trailing comma at line {line} column {col}"
     return f"{msg[0].lower() + msg[1:]} at line {line} column {col}"
 
 
@@ -92,21 +98,79 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(name)
 
 
+class _OutOfRange(Exception):
+    """A number serde_json cannot hold in an f64 (e.g. 1e400, or 5000 digits)."""
+
+    def __init__(self, literal: str) -> None:
+        super().__init__(literal)
+        self.literal = literal
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _OutOfRange(literal)
+    return value
+
+
+def _parse_int(literal: str) -> int:
+    try:
+        return int(literal)
+    except ValueError:  # beyond sys.get_int_max_str_digits(): never a usable id or value
+        raise _OutOfRange(literal) from None
+
+
+def _check_surrogates(text: str) -> None:
+    """serde_json refuses `\\uXXXX` escapes that do not form a valid code point; Python
+    would hand back a str with a lone surrogate that cannot even be encoded as UTF-8."""
+    if "\\u" not in text:
+        return
+    for string in _STRING.finditer(text):
+        pending: re.Match[str] | None = None  # a high surrogate waiting for its low half
+        for esc in _ESCAPE.finditer(text, string.start() + 1, string.end() - 1):
+            code = int(esc.group(1), 16) if esc.group(1) else None
+            if pending is not None:
+                if esc.start() == pending.end() and code is not None and 0xDC00 <= code <= 0xDFFF:
+                    pending = None
+                    continue
+                _surrogate_error(text, "lone leading surrogate in hex escape", pending)
+            if code is None:
+                continue
+            if 0xD800 <= code <= 0xDBFF:
+                pending = esc
+            elif 0xDC00 <= code <= 0xDFFF:
+                _surrogate_error(text, "invalid unicode code point", esc)
+        if pending is not None:
+            _surrogate_error(text, "lone leading surrogate in hex escape", pending)
+
+
+def _surrogate_error(text: str, what: str, esc: re.Match[str]) -> None:
+    line, col = _position(text, esc.end() - 1)
+    raise ArgumentsError(f"{what} at line {line} column {col}")
+
+
+def _literal_end(text: str, literal: str) -> int:
+    """Index of the last character of the first `literal` outside a string."""
+    start = text.find(literal)
+    while start >= 0 and _inside_string(text, start):
+        start = text.find(literal, start + 1)
+    return max(start, 0) + len(literal) - 1
+
+
 def parse_arguments(text: str) -> dict[str, Any]:
     """Parse a JSON object. An empty document means `{}` (proto3 cannot tell unset)."""
     if text.strip() == "":
         return {}
     _check_depth(text)
-    for pattern, what in ((_LONE_HIGH, "lone leading surrogate in hex escape"),
-                          (_LONE_LOW, "invalid unicode code point")):
-        m = pattern.search(text)
-        if m and _inside_string(text, m.start()):
-            line, col = _position(text, m.end() - 1)
-            raise ArgumentsError(f"{what} at line {line} column {col}")
+    _check_surrogates(text)
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_parse_float,
+                           parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise ArgumentsError(_serde_message(exc, text)) from None
+    except _OutOfRange as exc:
+        line, col = _position(text, _literal_end(text, exc.literal))
+        raise ArgumentsError(f"number out of range at line {line} column {col}") from None
     except ValueError as exc:  # NaN / Infinity: not JSON
         idx = text.find(str(exc))
         line, col = _position(text, max(idx, 0))

@@ -10,11 +10,16 @@ atomic (temp file in the same directory + fsync + rename + directory fsync).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import pathlib
+import secrets
 
 from ..tools.base import ToolError
+
+# Longest file name (one path component) on Linux filesystems: NAME_MAX in <limits.h>.
+NAME_MAX = 255
 
 
 def _escape(path: str) -> ToolError:
@@ -25,12 +30,13 @@ def _escape(path: str) -> ToolError:
 def confine(root: str, path: str) -> pathlib.Path:
     """The absolute path for `path` under `root`, or a ToolError saying why not."""
     if path == "":
-        raise ToolError('invalid value: string "", expected a non-empty relative file path',
+        # "path: " names the argument in the hint (serde_path_to_error style)
+        raise ToolError('path: invalid value: string "", expected a non-empty relative file path',
                         argument="path")
     if "\x00" in path:
         shown = path.replace("\x00", "\\u0000")
-        raise ToolError(f'invalid value: string "{shown}", expected a path without NUL bytes',
-                        argument="path")
+        raise ToolError(f'path: invalid value: string "{shown}", expected a path without NUL '
+                        "bytes", argument="path")
     pure = pathlib.PurePosixPath(path)
     if pure.is_absolute() or ".." in pure.parts:
         raise _escape(path)
@@ -43,6 +49,20 @@ def confine(root: str, path: str) -> pathlib.Path:
     return pathlib.Path(target)
 
 
+def _os_error(exc: OSError, path: str) -> ToolError:
+    """An OSError as a POSIX-style message naming the caller's `path` (never the absolute
+    path under the root: the agent must not learn where the sandbox lives)."""
+    if exc.errno == errno.ENAMETOOLONG:
+        return ToolError(f'path: invalid value: string "{path}", expected a path whose names '
+                         f"are at most {NAME_MAX} bytes", argument="path")
+    if exc.errno == errno.ELOOP:
+        return ToolError(f'path: invalid value: string "{path}", expected a path without a '
+                         "symbolic link loop", argument="path")
+    if isinstance(exc, FileExistsError | NotADirectoryError):
+        return ToolError(f"Not a directory: '{path}'", argument="path")
+    return ToolError(f"{exc.strerror or type(exc).__name__}: '{path}'", argument="path")
+
+
 def read_state(target: pathlib.Path, path: str) -> bytes | None:
     """Current bytes of the file, None if absent. Refuses directories."""
     try:
@@ -51,15 +71,26 @@ def read_state(target: pathlib.Path, path: str) -> bytes | None:
         return None
     except IsADirectoryError:
         raise ToolError(f"Is a directory: '{path}'", argument="path") from None
-    except NotADirectoryError:
-        raise ToolError(f"Not a directory: '{path}'", argument="path") from None
-    except PermissionError:
-        raise ToolError(f"Permission denied: '{path}'", argument="path") from None
+    except OSError as exc:
+        raise _os_error(exc, path) from None
 
 
 def temp_name(target: pathlib.Path, tx_id: str, step_id: int) -> pathlib.Path:
-    """Deterministic, so crash recovery can find and remove a leftover temp file."""
-    return target.with_name(f".{target.name}.agenttx-{tx_id[:8]}-{step_id}.tmp")
+    """Unique per attempt: two replicas (or two requests) racing on the same step each
+    write their own temp file, so the loser discarding its file can never remove, or
+    overwrite, the bytes the winner is about to rename into place. The name is recorded
+    in the step record; its prefix (`.<name>.agenttx-<tx>-<step>-`) stays predictable so
+    a leftover from a crash before the step's CAS can be found by pattern."""
+    return target.with_name(f"{_hidden_base(target)}.agenttx-{tx_id[:8]}-{step_id}-"
+                            f"{secrets.token_hex(6)}.tmp")
+
+
+def _hidden_base(target: pathlib.Path) -> str:
+    """`.<name>`, or `.<hash of name>` when a long name would push a sibling temp file
+    past NAME_MAX (a 255-byte file name is valid; its temp file must be too)."""
+    if len(target.name.encode("utf-8", "surrogateescape")) <= NAME_MAX - 64:
+        return f".{target.name}"
+    return "." + hashlib.sha256(target.name.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
 def _fsync_dir(directory: pathlib.Path) -> None:
@@ -77,14 +108,10 @@ def write_temp(target: pathlib.Path, tmp: pathlib.Path, data: bytes, path: str) 
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-    except NotADirectoryError:
-        raise ToolError(f"Not a directory: '{path}'", argument="path") from None
-    except FileExistsError:
-        raise ToolError(f"Not a directory: '{path}'", argument="path") from None
-    except PermissionError:
-        raise ToolError(f"Permission denied: '{path}'", argument="path") from None
     except OSError as exc:
-        raise ToolError(f"{exc.strerror or exc}: '{path}'", argument="path") from None
+        with contextlib.suppress(OSError):
+            discard_temp(tmp)
+        raise _os_error(exc, path) from None
 
 
 def install_temp(tmp: pathlib.Path, target: pathlib.Path) -> None:
@@ -119,7 +146,7 @@ def restore(target: pathlib.Path, previous: bytes | None) -> None:
         with contextlib.suppress(OSError):
             _fsync_dir(target.parent)
         return
-    tmp = target.with_name(f".{target.name}.agenttx-restore.tmp")
+    tmp = target.with_name(f"{_hidden_base(target)}.agenttx-restore-{secrets.token_hex(6)}.tmp")
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "wb") as fh:
         fh.write(previous)

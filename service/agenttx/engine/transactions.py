@@ -655,9 +655,9 @@ class Engine:
         for rec in snap.ordered():
             for eff in rec.get("effects", []):
                 seq += 1
-                key, value = self._outbox_entry(tx_id, seq, eff, now)
-                outbox.append(key)
-                success.append(op_put(key, value))
+                okey, ovalue = self._outbox_entry(tx_id, seq, eff, now)
+                outbox.append(okey)
+                success.append(op_put(okey, ovalue))
         for lock in overlay.locks:
             success.append(op_delete(lock.encode()))
         success.append(op_delete_prefix(self.keys.tx_prefix(tx_id)))

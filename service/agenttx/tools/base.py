@@ -157,15 +157,26 @@ def _validate_model(args: Mapping[str, Any], model: type[BaseModel]) -> BaseMode
         raise ToolError(message, argument=argument) from None
 
 
+def _serde_path(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
 def _serde_message(err: Any, model: type[BaseModel]) -> tuple[str, str]:
-    """One pydantic error -> (serde-style message, dotted argument path)."""
-    loc = [str(part) for part in err["loc"]]
-    path = ".".join(loc)
-    name, parent = (loc[-1] if loc else ""), ".".join(loc[:-1])
+    """One pydantic error -> (serde-style message, argument path).
+
+    The message carries serde_path_to_error's `<path>: ` prefix (`tags[1]`, `address`): the
+    enclosing object's path for missing and unknown fields (their message names the
+    field), the value's own path otherwise. The argument path is dotted (`tags.1`), as the
+    engine's `${steps…}` provenance spells it."""
+    loc = list(err["loc"])
+    path = ".".join(str(part) for part in loc)
+    name = str(loc[-1]) if loc else ""
+    shown, parent = _serde_path(loc), _serde_path(loc[:-1])
     kind, value = err["type"], err.get("input")
-    # serde_path_to_error's `<path>: ` prefix: the enclosing object's path for missing and
-    # unknown fields (their message names the field), the value's own path otherwise.
-    where, at = (f"{parent}: " if parent else ""), (f"{path}: " if path else "")
+    where, at = (f"{parent}: " if parent else ""), (f"{shown}: " if shown else "")
     if kind == "missing":
         return f"{where}missing field `{name}`", path
     if kind == "extra_forbidden":

@@ -1,0 +1,88 @@
+"""`agenttx serve` as a user runs it: embedded etcd by default, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+from support.service import Agent, ServiceProcess
+
+from agenttx._proto import agenttx_pb2 as pb
+from agenttx.store.embedded import free_port
+
+
+def _etcd_children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,ppid,comm"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()[1:]
+            if line.split()[1] == str(pid) and "etcd" in line.split()[2]]
+
+
+@pytest.mark.timeout(120)
+def test_serve_without_endpoints_starts_and_stops_an_embedded_etcd(scratch, tmp_path):
+    port = free_port()
+    data = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "agenttx", "serve", "--listen",
+                             f"127.0.0.1:{port}", "--data-dir", str(data)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stub = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                stub = Agent(_stub(f"127.0.0.1:{port}"))
+                break
+            except grpc.RpcError:
+                time.sleep(0.2)
+        assert stub is not None, "service did not come up"
+        stub.ok("kv.put", {"key": "embedded", "value": True})
+        assert stub.commit().committed
+        assert (data / "etcd").is_dir() and (data / "sandbox").is_dir()
+        etcd_pids = _etcd_children(proc.pid)
+        assert len(etcd_pids) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    for pid in etcd_pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert "embedded etcd" in proc.stderr.read()
+
+
+def _stub(address: str):
+    from agenttx._proto import agenttx_pb2_grpc as pb_grpc
+
+    return pb_grpc.AgentTxServiceStub(grpc.insecure_channel(address))
+
+
+def test_sigterm_drains_in_flight_rpcs_before_stopping(etcd, scratch, sandbox):
+    svc = ServiceProcess("drain", etcd_endpoints=etcd.endpoints, prefix="/agenttx-drain",
+                         fs_root=str(sandbox), workdir=scratch / "drain",
+                         env={"AGENTTX_FAILPOINTS": "fs.write.after_intent=sleep(2)"}).start()
+    agent = Agent(svc.stub)
+    result: dict = {}
+
+    def slow_step():
+        try:
+            result["resp"] = agent.step("fs.write", {"path": "drain.txt", "contents": "done"})
+        except grpc.RpcError as exc:
+            result["error"] = exc
+
+    th = threading.Thread(target=slow_step)
+    th.start()
+    time.sleep(0.8)  # the step is now sleeping between its intent and its rename
+    svc.process.send_signal(signal.SIGTERM)
+    th.join(timeout=20)
+    assert "error" not in result, result.get("error")
+    assert result["resp"].status == pb.STEP_STATUS_SUCCESS
+    assert (sandbox / "drain.txt").read_text() == "done"
+    assert svc.process.wait(timeout=20) == 0
+    # new calls are refused once it has stopped
+    with pytest.raises(grpc.RpcError) as err:
+        svc.stub.BeginTransaction(pb.BeginTransactionRequest(), timeout=2)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
