@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.venv/.agenttx-installed
-want=$(cat pyproject.toml examples/agenttx-example-tools/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml; cat examples/agenttx-example-tools/pyproject.toml 2>/dev/null || true) \
+  | sha256sum | cut -c1-16)
 if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
