@@ -45,7 +45,8 @@ def generate(out: pathlib.Path) -> None:
                 "from agenttx.v1 import agenttx_pb2 as", "from . import agenttx_pb2 as"
             )
             (out / name).write_text(text)
-        (out / "__init__.py").write_text('"""Generated from proto/agenttx/v1/agenttx.proto. Do not edit."""\n')
+        (out / "__init__.py").write_text(
+            '"""Generated from proto/agenttx/v1/agenttx.proto. Do not edit."""\n')
 
 
 def main() -> int:

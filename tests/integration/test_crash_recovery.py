@@ -13,9 +13,9 @@ import uuid
 
 import grpc
 import pytest
-from support.service import Agent, ServiceProcess
 
 from agenttx._proto import agenttx_pb2 as pb
+from support.service import Agent, ServiceProcess
 
 FAST = ["--replica-ttl-s", "2", "--leader-ttl-s", "2", "--effect-claim-s", "3",
         "--effect-poll-s", "0.2"]

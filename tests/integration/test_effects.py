@@ -20,13 +20,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from support.receivers import WebhookReceiver
 
 from agenttx.effects.channels import ChannelRegistry, Effect, message_id
 from agenttx.effects.outbox import Dispatcher, new_entry, outbox_key, pending
 from agenttx.store.client import Store, connect, op_put
 from agenttx.store.embedded import free_port
 from agenttx.store.lease import LeaderLease, NotLeader
+from support.receivers import WebhookReceiver
 
 TTL = 2
 FAST: dict[str, Any] = {

@@ -9,9 +9,9 @@ import time
 import uuid
 
 import pytest
-from support.service import Agent, ServiceProcess
 
 from agenttx.effects.channels import message_id
+from support.service import Agent, ServiceProcess
 
 
 @pytest.fixture

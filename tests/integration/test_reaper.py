@@ -7,9 +7,9 @@ import uuid
 
 import grpc
 import pytest
-from support.service import Agent, ServiceProcess
 
 from agenttx._proto import agenttx_pb2 as pb
+from support.service import Agent, ServiceProcess
 
 
 def _wait_gone(stub, tx: str, timeout: float, idle: float) -> float:

@@ -11,10 +11,10 @@ import time
 
 import grpc
 import pytest
-from support.service import Agent, ServiceProcess
 
 from agenttx._proto import agenttx_pb2 as pb
 from agenttx.store.embedded import free_port
+from support.service import Agent, ServiceProcess
 
 
 def _etcd_children(pid: int) -> list[int]:

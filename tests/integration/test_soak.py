@@ -16,11 +16,11 @@ import uuid
 
 import grpc
 import pytest
-from support.service import Agent, ServiceProcess
 
 from agenttx._proto import agenttx_pb2 as pb
 from agenttx.store.client import connect
 from agenttx.store.layout import Keys
+from support.service import Agent, ServiceProcess
 
 AGENTS = 4
 TX_PER_AGENT = 25

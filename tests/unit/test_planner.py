@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+
 from agenttx.engine.planner import (
     CULPRIT_CATEGORIES,
     FailureFacts,

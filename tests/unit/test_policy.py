@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+
 from agenttx.engine.policy import (
     EffectivePolicy,
     PublishedPolicy,
