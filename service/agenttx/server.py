@@ -20,8 +20,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ._proto import agenttx_pb2_grpc as pb_grpc
-from .api.servicer import AgentTxServicer
+from .api.servicer import AgentTxServicer, add_to_server
 from .config import Settings
 from .engine.policies import PolicyCache
 from .engine.policy import RollbackSettings
@@ -141,7 +140,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
         ("grpc.max_receive_message_length", 4 * 1024 * 1024),
         ("grpc.max_send_message_length", 4 * 1024 * 1024),
     ])
-    pb_grpc.add_AgentTxServiceServicer_to_server(AgentTxServicer(engine), server)
+    add_to_server(AgentTxServicer(engine), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(settings.listen)

@@ -14,11 +14,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from .._proto import agenttx_pb2 as pb
 from .._proto import agenttx_pb2_grpc as pb_grpc
 from ..engine.transactions import Engine
-from ..errors import AgentTxError
+from ..errors import AgentTxError, InvalidArgument
 from . import convert, validation
 from .status import status_for
 
@@ -26,11 +27,55 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+SERVICE_NAME = "agenttx.v1.AgentTxService"
+_MESSAGES: dict[str, tuple[Any, Any]] = {
+    "BeginTransaction": (pb.BeginTransactionRequest, pb.BeginTransactionResponse),
+    "ExecuteStep": (pb.ExecuteStepRequest, pb.ExecuteStepResponse),
+    "CommitTransaction": (pb.CommitTransactionRequest, pb.CommitTransactionResponse),
+    "RollbackTransaction": (pb.RollbackTransactionRequest, pb.RollbackTransactionResponse),
+    "GetTransaction": (pb.GetTransactionRequest, pb.GetTransactionResponse),
+}
+
+
+class _Unparsable:
+    """A request body that is not a valid message (bad UTF-8 in a string field, corrupt
+    wire format). grpc would answer UNKNOWN for a deserializer that raises; handing this
+    to the handler lets `_guard` answer INVALID_ARGUMENT instead."""
+
+    def __init__(self, message_type: str, reason: str) -> None:
+        self.message_type = message_type
+        self.reason = reason
+
+
+def _parser(message: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError as exc:
+            return _Unparsable(message.DESCRIPTOR.full_name, str(exc))
+    return parse
+
+
+def add_to_server(servicer: AgentTxServicer, server: grpc.aio.Server) -> None:
+    """Register the service (as pb_grpc.add_AgentTxServiceServicer_to_server does), with
+    deserializers that never raise, so a malformed request is INVALID_ARGUMENT, not UNKNOWN."""
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name), request_deserializer=_parser(request),
+            response_serializer=response.SerializeToString)
+        for name, (request, response) in _MESSAGES.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
 
 def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
         try:
+            if isinstance(request, _Unparsable):
+                raise InvalidArgument(f"request is not a valid {request.message_type}: "
+                                      f"{request.reason}")
             return await method(self, request, context)
         except AgentTxError as exc:
             code = status_for(exc)

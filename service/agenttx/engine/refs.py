@@ -15,7 +15,11 @@ from typing import Any
 
 from .jsonargs import dumps
 
-REF = re.compile(r"\$\{steps\.(\d+)((?:\.[^.}]+)*)\}")
+REF = re.compile(r"\$\{steps\.([0-9]+)((?:\.[^.}]+)*)\}")  # ASCII digits only, as in JSON
+# References may not expand the arguments beyond this many characters: one 1 MiB output
+# referenced thousands of times would otherwise build gigabytes in memory before the
+# engine's own size limit (8 MiB per step, engine.transactions) is ever checked.
+MAX_EXPANSION = 8 * 1024 * 1024
 
 
 class ReferenceError_(Exception):
@@ -41,7 +45,7 @@ def _lookup(output: Any, path: list[str], step: int, ref: str, arg: str) -> Any:
     for i, seg in enumerate(path):
         if isinstance(cur, Mapping) and seg in cur:
             cur = cur[seg]
-        elif isinstance(cur, list) and seg.isdigit() and int(seg) < len(cur):
+        elif isinstance(cur, list) and seg.isascii() and seg.isdigit() and int(seg) < len(cur):
             cur = cur[int(seg)]
         else:
             shown = ".".join(path[: i + 1])
@@ -55,6 +59,8 @@ def resolve(args: Any, outputs: Mapping[int, Any]) -> Resolution:
     """Replace references in every string of `args` with values from live `outputs`."""
     res = Resolution(value=None)
     live = sorted(outputs)
+    sizes: dict[tuple[int, str], int] = {}  # (step, path) -> size of its value as text
+    expanded = 0
 
     def one(m: re.Match[str], arg: str) -> Any:
         step = int(m.group(1))
@@ -66,7 +72,17 @@ def resolve(args: Any, outputs: Mapping[int, Any]) -> Resolution:
                 f"live steps: {shown}", arg, step)
         res.referenced.add(step)
         res.provenance[arg] = step
-        return _lookup(outputs[step], path, step, m.group(0), arg)
+        value = _lookup(outputs[step], path, step, m.group(0), arg)
+        nonlocal expanded
+        key = (step, m.group(2))
+        if key not in sizes:
+            sizes[key] = len(_text(value))
+        expanded += sizes[key]
+        if expanded > MAX_EXPANSION:
+            raise ReferenceError_(
+                f"program limit exceeded: references expand the arguments to more than "
+                f"{MAX_EXPANSION} characters (referenced as {m.group(0)})", arg, step)
+        return value
 
     def walk(value: Any, arg: str) -> Any:
         if isinstance(value, str):

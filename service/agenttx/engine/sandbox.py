@@ -18,8 +18,13 @@ import secrets
 
 from ..tools.base import ToolError
 
-# Longest file name (one path component) on Linux filesystems: NAME_MAX in <limits.h>.
+# Longest file name (one path component) and path on Linux: NAME_MAX and PATH_MAX
+# (the latter counts the terminating NUL) in <linux/limits.h>.
 NAME_MAX = 255
+PATH_MAX = 4096
+# Directory levels below the root. Path.mkdir(parents=True) recurses once per missing
+# level, so an unbounded depth would end in RecursionError instead of a clean failure.
+MAX_DEPTH = 256
 
 
 def _escape(path: str) -> ToolError:
@@ -42,10 +47,18 @@ def confine(root: str, path: str) -> pathlib.Path:
         raise _escape(path)
     if path.endswith("/") or pure.name in ("", "."):
         raise ToolError(f"Is a directory: '{path}'", argument="path")
+    if len(pure.parts) > MAX_DEPTH:
+        raise ToolError(f'path: invalid value: string "{path}", expected a path at most '
+                        f"{MAX_DEPTH} directories deep", argument="path")
+    if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in pure.parts):
+        raise _os_error(OSError(errno.ENAMETOOLONG, "File name too long"), path)
     real_root = os.path.realpath(root)
     target = os.path.realpath(os.path.join(real_root, path))
     if os.path.commonpath([real_root, target]) != real_root or target == real_root:
         raise _escape(path)
+    if len(target.encode("utf-8", "surrogateescape")) >= PATH_MAX:
+        raise ToolError(f'path: invalid value: string "{path}", expected a path shorter than '
+                        f"{PATH_MAX} bytes under the sandbox root", argument="path")
     return pathlib.Path(target)
 
 

@@ -318,6 +318,10 @@ class Engine:
         compares = [cmp_mod(hkey, snap.header_rev)]
         success = [op_put(hkey, to_json(header)),
                    op_put(self.keys.step(snap.tx_id, step_id), to_json(record))]
+        prev = snap.steps.get(step_id - 1)
+        if prev and prev.get("fs") and prev["fs"].get("state") == "done":
+            # settled by _settle_applying; record it so no later call re-checks the disk
+            success.append(op_put(self.keys.step(snap.tx_id, step_id - 1), to_json(prev)))
         fs = ctx.fs
         if fs:
             fs["owner"] = self.replica_id
@@ -355,9 +359,11 @@ class Engine:
             except OSError as exc:
                 log.error("fs.write rename failed after commit of intent",
                           extra={"tx": snap.tx_id, "step": step_id, "error": str(exc)})
-                sandbox.discard_temp(pathlib.Path(fs["tmp"]))
-                # Undo the step record, then report the failure like any other.
+                # Undo the step record, then report the failure like any other. The temp
+                # file stays until the revert is durable: while it exists, any replica
+                # sees this write as not landed.
                 restored = await self._revert_step(snap, step_id, res.revision, fs)
+                sandbox.discard_temp(pathlib.Path(fs["tmp"]))
                 return await self._fail(restored, step_id, record["tool"],
                                         f"{exc.strerror or exc}: '{fs['path']}'", "path",
                                         None, set(record["refs"]), {}, set(record["touched"]))
@@ -386,38 +392,43 @@ class Engine:
         return await self._settle_applying(snap)
 
     async def _settle_applying(self, snap: Snapshot) -> Snapshot:
-        """Steps whose fs.write may not have reached the disk: done, in flight or dead.
+        """Decide the fate of an fs.write whose rename may not have happened.
 
-        A step record in state "applying" was committed before its rename. If the file
-        now holds the new bytes, the write finished. If not, and its owner replica is
-        gone (or the grace period passed), the write was interrupted: restore the
-        previous bytes and drop the step, as if it never ran (SPEC §3)."""
-        applying = [r for r in snap.ordered() if r.get("fs") and r["fs"].get("state") == "applying"]
-        if not applying:
+        A step record in state "applying" was committed before its temp file was renamed
+        over the target. Only the highest live step can still be in that window: a
+        later step is applied only after this check, and its CAS marks earlier records
+        done. The rename is what makes the write happen, so the write finished when its
+        temp file is gone (or the file holds the new bytes). Otherwise, once the owner
+        replica is gone (its leased liveness key expired) or the grace period passed,
+        the write was interrupted: restore the previous bytes and drop the step, as if
+        it never ran (SPEC §3)."""
+        if not snap.steps:
             return snap
-        changed = False
-        for rec in applying:
-            fs = rec["fs"]
-            target = pathlib.Path(fs["target"])
-            if sandbox.current_hash(target) == fs["new_sha256"]:
+        for rec in snap.ordered()[:-1]:
+            if rec.get("fs") and rec["fs"].get("state") == "applying":
+                rec["fs"]["state"] = "done"  # persisted by the next state change
+        last = snap.steps[snap.live[-1]]
+        fs = last.get("fs")
+        if not fs or fs.get("state") != "applying" or self._write_landed(fs):
+            if fs:
                 fs["state"] = "done"
-                continue
-            if await self._owner_alive(fs) and _now() - fs.get("since", 0) < APPLY_GRACE_S:
-                raise FailedPrecondition(
-                    f"step {rec['step_id']} of transaction {snap.tx_id} is still being applied")
-            changed = True
-        if not changed:
             return snap
-        return await self.recover_interrupted(snap)
+        if await self._owner_alive(fs) and _now() - fs.get("since", 0) < APPLY_GRACE_S:
+            raise FailedPrecondition(
+                f"step {last['step_id']} of transaction {snap.tx_id} is still being applied; "
+                "retry shortly")
+        return await self.recover_interrupted(snap, last["step_id"])
 
-    async def recover_interrupted(self, snap: Snapshot) -> Snapshot:
-        """Roll back the interrupted fs.write steps (and everything after them)."""
-        first = min(r["step_id"] for r in snap.ordered()
-                    if r.get("fs") and r["fs"].get("state") == "applying"
-                    and sandbox.current_hash(pathlib.Path(r["fs"]["target"])) != r["fs"]["new_sha256"])
-        undo = [i for i in reversed(snap.live) if i >= first]
-        then = {"next_step_id": first, "attempts": 0}
-        errors, done, _ = await self._undo_and_finish(snap, undo, then, end=False)
+    @staticmethod
+    def _write_landed(fs: dict[str, Any]) -> bool:
+        if not pathlib.Path(fs["tmp"]).exists():
+            return True
+        return sandbox.current_hash(pathlib.Path(fs["target"])) == fs["new_sha256"]
+
+    async def recover_interrupted(self, snap: Snapshot, step_id: int) -> Snapshot:
+        """Roll back an interrupted fs.write step (always the last live step)."""
+        then = {"next_step_id": step_id, "attempts": 0}
+        errors, done, _ = await self._undo_and_finish(snap, [step_id], then, end=False)
         log.warning("recovered an interrupted fs.write", extra={"tx": snap.tx_id, "undone": done,
                                                                  "errors": errors})
         return await self._load(snap.tx_id)

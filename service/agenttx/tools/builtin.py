@@ -17,6 +17,10 @@ from ..engine.refs import has_reference
 from .base import ArgType, Field, FsContext, RollbackKind, Tool, ToolContext, ToolError, ToolResult
 
 TABLE_NAME = re.compile(r"[A-Za-z0-9_]{1,128}")
+# Foreign keys on one row. Each referenced row is read in the step's first etcd round
+# trip, which etcd caps at --max-txn-ops operations (default 128 upstream); more than
+# this is refused with program_limit_exceeded instead of failing the read.
+MAX_REFERENCES = 64
 
 
 def pg_value(value: Any) -> str:
@@ -81,7 +85,7 @@ def _record_prefetch(args: Mapping[str, Any]) -> list[tuple[str, Any]]:
             and not isinstance(rid, bool) and _literal(rid):
         out.append(("rec", (table, rid)))
     refs, fields = args.get("references"), args.get("fields")
-    if isinstance(refs, dict) and isinstance(fields, dict):
+    if isinstance(refs, dict) and isinstance(fields, dict) and len(refs) <= MAX_REFERENCES:
         for f, ref_table in refs.items():
             v = fields.get(f)
             if isinstance(ref_table, str) and _literal(ref_table) and \
@@ -108,6 +112,10 @@ class RecordInsert(Tool):
         fields = args["fields"] or {}
         references = args["references"] or {}
         check_table(table, "table")
+        if len(references) > MAX_REFERENCES:
+            raise ToolError(f"program limit exceeded: {len(references)} references on one row "
+                            f"of table \"{table}\"; the limit is {MAX_REFERENCES}",
+                            argument="references")
         for f, ref_table in references.items():
             if not isinstance(ref_table, str):
                 # "<argument>: " names the argument in the hint (serde_path_to_error style)
