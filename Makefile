@@ -1,6 +1,6 @@
 # AgentTx developer targets. `make serve` and `make test` are the README's two set-up
 # commands; both create .venv on first use (scripts/bootstrap.sh).
-.PHONY: venv serve test unit integration lint proto proto-check bench e2e clean
+.PHONY: venv serve test unit integration lint proto proto-check bench e2e chart-crds clean
 
 venv:
 	@scripts/bootstrap.sh
@@ -11,7 +11,7 @@ serve: venv
 test: venv
 	.venv/bin/python scripts/gen_proto.py --check
 	.venv/bin/ruff check .
-	.venv/bin/mypy service/agenttx
+	.venv/bin/mypy service/agenttx operator/agenttx_operator
 	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10
 
 unit: venv
@@ -22,7 +22,7 @@ integration: venv
 
 lint: venv
 	.venv/bin/ruff check .
-	.venv/bin/mypy service/agenttx
+	.venv/bin/mypy service/agenttx operator/agenttx_operator
 
 proto: venv
 	.venv/bin/python scripts/gen_proto.py
@@ -36,6 +36,10 @@ bench: venv
 # Opt-in end-to-end tests on a kind cluster (needs docker, kind, kubectl, helm).
 e2e: venv
 	AGENTTX_E2E=1 .venv/bin/python -m pytest -q tests/e2e
+
+# Copy the CRD source into the chart (a test fails when the two differ).
+chart-crds:
+	cp crds/agenttxpolicies.agenttx.io.yaml charts/agenttx/files/crds/
 
 clean:
 	rm -rf .venv .agenttx .pytest_cache .ruff_cache .mypy_cache

@@ -21,6 +21,12 @@ from agenttx.store.embedded import EmbeddedEtcd
 pytest_plugins = ["support.receivers"]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--e2e", action="store_true", default=False,
+                     help="run the kind e2e tests in tests/e2e (needs kind, docker, kubectl, "
+                     "helm); AGENTTX_E2E=1 does the same")
+
+
 def scratch_root() -> pathlib.Path:
     base = pathlib.Path("/dev/shm") if os.path.isdir("/dev/shm") else None
     return pathlib.Path(tempfile.mkdtemp(prefix="agenttx-test-", dir=base))

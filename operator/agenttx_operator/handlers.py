@@ -1,0 +1,377 @@
+"""kopf handlers for AgentTxPolicy: thin wiring over `reconcile`, `kube` and `publishing`.
+
+Each handler fetches what it needs, asks `reconcile` what to do, does it, then writes
+the status (through kopf's `patch`, applied even when the handler raises) before it
+raises: `kopf.PermanentError` for an invalid spec, `kopf.TemporaryError(delay=...)`
+for anything that will pass (etcd down, a volume still binding, an API conflict).
+
+Ordering, so a transaction never sees a sandbox path that is not there:
+  create/update/resume: claim -> mount -> wait until Bound and rolled out -> publish;
+                        a policy that drops its sandbox is published first, then
+                        unmounted (and its claim deleted unless it is marked Retain).
+  delete (finalizer):   unpublish -> unmount -> delete the claim unless Retain.
+
+The finalizer is never stuck: a delete that keeps failing (etcd down, API errors) is
+retried with backoff `delete_etcd_attempts` times, then a Warning event is posted and
+the finalizer released. A key left behind that way is removed by the orphan sweep
+(`publishing.sweep_orphans`, every `sweep_interval_s`) once etcd is reachable again:
+availability of `kubectl delete` is traded for a bounded window in which the service
+may still apply a deleted policy.
+
+What the handlers must never do: block the event loop, or talk to etcd or the API
+server other than through `publishing` and `kube`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from agenttx.errors import StoreError
+from agenttx.store.client import Store
+
+from . import publishing, reconcile
+from .config import OperatorConfig
+from .kube import KubeClient, KubeError
+
+RESOURCE = (reconcile.GROUP, reconcile.VERSION, reconcile.PLURAL)
+FINALIZER = "agenttx.io/finalizer"
+ANNOTATION_PREFIX = "agenttx.io"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    """What the handlers share; created by `main.operate` in the operator's loop and
+    handed to kopf as `memo.runtime`."""
+
+    config: OperatorConfig
+    target: reconcile.Target
+    store: Store
+    kube: KubeClient
+    sweeper: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _claim_ref(rt: Runtime, namespace: str, name: str) -> str:
+    return f"{rt.target.service_namespace}/{reconcile.claim_name(namespace, name)}"
+
+
+def _old_reason(status: Any) -> str | None:
+    for cond in (status or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == reconcile.CONDITION_READY:
+            return cond.get("reason")
+    return None
+
+
+def _write_status(
+    patch: kopf.Patch,
+    status: Any,
+    *,
+    generation: int,
+    reason: str,
+    message: str,
+    claim: str | None,
+) -> None:
+    """Put the status change into kopf's patch (only the fields that differ)."""
+    new = reconcile.build_status(
+        dict(status or {}), generation=generation, reason=reason, message=message,
+        sandbox_claim=claim, now=_now(),
+    )
+    for key, value in (reconcile.status_patch(dict(status or {}), new) or {}).items():
+        patch.status[key] = value
+
+
+def _warn_once(body: Any, status: Any, reason: str, message: str) -> None:
+    """A Warning event when the Ready reason changes (not on every retry)."""
+    if _old_reason(status) != reason:
+        kopf.warn(body, reason=reason, message=message)
+
+
+# ---- activities --------------------------------------------------------------------
+
+@kopf.on.login()
+def agenttx_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf and the operator's own API calls use one set of credentials."""
+    rt: Runtime = memo.runtime
+    return rt.kube.credentials(refresh=True).connection_info()
+
+
+# A startup that keeps failing (API server unreachable, CRD missing) ends the process
+# after a few tries, so the pod restarts visibly instead of idling.
+@kopf.on.startup(retries=3, backoff=2.0)
+async def agenttx_startup(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    rt: Runtime = memo.runtime
+    # Our own annotation prefix and finalizer name instead of kopf.zalando.org.
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.reporting_component = "agenttx-operator"
+    # One replica with a Recreate strategy, so no peering (and no RBAC for it); no
+    # runtime scanning of CRDs/namespaces either (no cluster-wide list rights for it).
+    settings.peering.standalone = True
+    settings.scanning.disabled = True
+    if not await rt.kube.policy_resource_served():
+        raise kopf.PermanentError(
+            f"the API server does not serve {reconcile.PLURAL}.{reconcile.GROUP}/"
+            f"{reconcile.VERSION}: install the CRD (crds/) first"
+        )
+    rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="agenttx-orphan-sweep")
+    logger.info(
+        "serving AgentTxPolicies in %s; sandboxes go to %s/%s",
+        ", ".join(rt.config.namespaces) or "all namespaces",
+        rt.target.service_namespace, rt.target.deployment,
+    )
+
+
+@kopf.on.cleanup()
+async def agenttx_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    rt: Runtime = memo.runtime
+    if rt.sweeper is not None:
+        rt.sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await rt.sweeper
+        rt.sweeper = None
+
+
+async def sweep_once(rt: Runtime) -> list[bytes]:
+    """Unpublish the keys of policies that no longer exist (see module docstring)."""
+    namespaces = rt.config.namespaces or None
+    published = await publishing.read_published(rt.store, rt.config.etcd_prefix)
+    existing = await rt.kube.list_policies(namespaces)
+    return await publishing.sweep_orphans(
+        rt.store, rt.config.etcd_prefix, published, existing, namespaces
+    )
+
+
+async def _sweep_forever(rt: Runtime) -> None:
+    while True:
+        try:
+            await sweep_once(rt)
+        except (StoreError, KubeError, OSError) as exc:
+            log.warning("orphan sweep skipped: %s", exc)
+        await asyncio.sleep(rt.config.sweep_interval_s)
+
+
+# ---- create / update / resume ------------------------------------------------------
+
+@kopf.on.create(*RESOURCE)
+async def agenttxpolicy_create(**kwargs: Any) -> None:
+    await _reconcile(**kwargs)
+
+
+@kopf.on.update(*RESOURCE, field="spec")
+async def agenttxpolicy_update(**kwargs: Any) -> None:
+    await _reconcile(**kwargs)
+
+
+@kopf.on.resume(*RESOURCE)
+async def agenttxpolicy_resume(**kwargs: Any) -> None:
+    await _reconcile(**kwargs)
+
+
+async def _reconcile(
+    *,
+    body: kopf.Body,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    namespace: str,
+    name: str,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    retry: int,
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    rt: Runtime = memo.runtime
+    spec_d = dict(spec)
+    generation = int(meta.get("generation") or 0)
+
+    errors = reconcile.validate_spec(spec_d)
+    if errors:
+        message = "; ".join(errors)
+        _write_status(patch, status, generation=generation, reason=reconcile.REASON_INVALID_SPEC,
+                      message=message, claim=status.get("sandboxClaim") or None)
+        _warn_once(body, status, reconcile.REASON_INVALID_SPEC, message)
+        # Whatever was published for an earlier, valid generation stays: a typo must not
+        # silently switch agents back to the server defaults.
+        raise kopf.PermanentError(f"invalid spec: {message}")
+
+    policy = reconcile.normalise(
+        namespace, name, generation, spec_d, mount_root=rt.target.mount_root
+    )
+    claim: str | None = None
+    if "sandbox" in spec_d:
+        claim = _claim_ref(rt, namespace, name)
+        try:
+            ready, why = await _ensure_sandbox(rt, body, namespace, name, spec_d["sandbox"])
+        except (KubeError, reconcile.ContainerNotFound) as exc:
+            ready, why = False, str(exc)
+        if not ready:
+            _write_status(patch, status, generation=generation,
+                          reason=reconcile.REASON_VOLUME_PENDING, message=why, claim=claim)
+            raise kopf.TemporaryError(why, delay=rt.config.volume_poll_s)
+
+    key = reconcile.policy_key(rt.config.etcd_prefix, namespace, name).decode()
+    try:
+        written = await publishing.publish(rt.store, rt.config.etcd_prefix, policy)
+    except StoreError as exc:
+        message = f"cannot publish to etcd (will retry): {exc}"
+        _write_status(patch, status, generation=generation,
+                      reason=reconcile.REASON_ETCD_UNAVAILABLE, message=message, claim=claim)
+        _warn_once(body, status, reconcile.REASON_ETCD_UNAVAILABLE, message)
+        raise kopf.TemporaryError(
+            message,
+            delay=reconcile.retry_delay(retry, rt.config.etcd_retry_base_s,
+                                        rt.config.etcd_retry_max_s),
+        ) from exc
+
+    if "sandbox" not in spec_d:
+        # Published without a sandbox first, so nothing resolves to a path being removed.
+        try:
+            await _remove_sandbox(rt, body, namespace, name, delete_claim=None)
+        except (KubeError, reconcile.ContainerNotFound) as exc:
+            raise kopf.TemporaryError(f"cannot remove the old sandbox: {exc}",
+                                      delay=rt.config.volume_poll_s) from exc
+
+    _write_status(patch, status, generation=generation, reason=reconcile.REASON_PUBLISHED,
+                  message=f"generation {generation} published at {key}", claim=claim)
+    if written:
+        kopf.info(body, reason=reconcile.REASON_PUBLISHED,
+                  message=f"generation {generation} published at {key}")
+    logger.debug("policy %s/%s reconciled (written=%s)", namespace, name, written)
+
+
+async def _ensure_sandbox(
+    rt: Runtime, body: kopf.Body, namespace: str, name: str, sandbox: dict[str, Any]
+) -> tuple[bool, str]:
+    """Claim exists and matches, Deployment mounts it; then whether it is usable."""
+    svc_ns = rt.target.service_namespace
+    desired = reconcile.build_pvc(namespace, name, sandbox, rt.target)
+    pvc_name = desired["metadata"]["name"]
+    pvc = await rt.kube.get_pvc(svc_ns, pvc_name)
+    if pvc is None:
+        try:
+            pvc = await rt.kube.create_pvc(desired)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            pvc = await rt.kube.get_pvc(svc_ns, pvc_name)
+        kopf.info(body, reason="SandboxClaimCreated", message=f"claim {svc_ns}/{pvc_name}")
+    else:
+        plan = reconcile.plan_claim(pvc, desired)
+        if plan.patch:
+            pvc = await rt.kube.patch_pvc(svc_ns, pvc_name, plan.patch)
+        for problem in plan.problems:
+            kopf.warn(body, reason="SandboxClaimDrift", message=problem)
+
+    deployment = await rt.kube.get_deployment(svc_ns, rt.target.deployment)
+    if deployment is None:
+        return False, f"the service Deployment {svc_ns}/{rt.target.deployment} does not exist"
+    ops = reconcile.deployment_patch(deployment, namespace, name, rt.target, mounted=True)
+    if ops:
+        deployment = await rt.kube.json_patch_deployment(svc_ns, rt.target.deployment, ops)
+        kopf.info(body, reason="SandboxMounted", message=(
+            f"mounted at {reconcile.sandbox_path(namespace, name, rt.target.mount_root)} in "
+            f"{svc_ns}/{rt.target.deployment}"))
+    return reconcile.volume_ready(pvc, deployment)
+
+
+async def _remove_sandbox(
+    rt: Runtime, body: kopf.Body, namespace: str, name: str, *, delete_claim: bool | None
+) -> None:
+    """Unmount, then delete the claim (`delete_claim` None: unless it is marked Retain)."""
+    svc_ns = rt.target.service_namespace
+    deployment = await rt.kube.get_deployment(svc_ns, rt.target.deployment)
+    if deployment is not None:
+        ops = reconcile.deployment_patch(deployment, namespace, name, rt.target, mounted=False)
+        if ops:
+            await rt.kube.json_patch_deployment(svc_ns, rt.target.deployment, ops)
+            kopf.info(body, reason="SandboxUnmounted",
+                      message=f"unmounted from {svc_ns}/{rt.target.deployment}")
+    pvc_name = reconcile.claim_name(namespace, name)
+    pvc = await rt.kube.get_pvc(svc_ns, pvc_name)
+    if pvc is None:
+        return
+    if delete_claim is None:
+        delete_claim = not reconcile.claim_retained(pvc)
+    if delete_claim:
+        await rt.kube.delete_pvc(svc_ns, pvc_name)
+        kopf.info(body, reason="SandboxClaimDeleted", message=f"claim {svc_ns}/{pvc_name}")
+    else:
+        kopf.info(body, reason="SandboxClaimRetained",
+                  message=f"claim {svc_ns}/{pvc_name} kept (reclaimPolicy: Retain)")
+
+
+# ---- delete ------------------------------------------------------------------------
+
+@kopf.on.delete(*RESOURCE)
+async def agenttxpolicy_delete(**kwargs: Any) -> None:
+    await _finalize(**kwargs)
+
+
+async def _finalize(
+    *,
+    body: kopf.Body,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    namespace: str,
+    name: str,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    retry: int,
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    rt: Runtime = memo.runtime
+    actions = reconcile.delete_actions(dict(spec))
+    last_attempt = retry + 1 >= rt.config.delete_etcd_attempts
+    delay = reconcile.retry_delay(retry, rt.config.etcd_retry_base_s, rt.config.etcd_retry_max_s)
+    generation = int(meta.get("generation") or 0)
+    claim = status.get("sandboxClaim") or None
+    key = reconcile.policy_key(rt.config.etcd_prefix, namespace, name).decode()
+
+    if actions.unpublish:
+        try:
+            await publishing.unpublish(rt.store, rt.config.etcd_prefix, namespace, name)
+        except StoreError as exc:
+            message = f"cannot unpublish {key}: {exc}"
+            if not last_attempt:
+                _write_status(patch, status, generation=generation,
+                              reason=reconcile.REASON_ETCD_UNAVAILABLE,
+                              message=message + " (will retry)", claim=claim)
+                _warn_once(body, status, reconcile.REASON_ETCD_UNAVAILABLE, message)
+                raise kopf.TemporaryError(message, delay=delay) from exc
+            kopf.warn(body, reason=reconcile.REASON_ETCD_UNAVAILABLE, message=(
+                f"{message}; gave up after {retry + 1} attempts and released the finalizer; "
+                "the orphan sweep removes the key once etcd is reachable"))
+            logger.warning("released %s/%s with %s still published", namespace, name, key)
+
+    if actions.unmount:
+        try:
+            await _remove_sandbox(rt, body, namespace, name, delete_claim=actions.delete_claim)
+        except (KubeError, reconcile.ContainerNotFound) as exc:
+            if not last_attempt:
+                raise kopf.TemporaryError(f"cannot remove the sandbox: {exc}",
+                                          delay=delay) from exc
+            kopf.warn(body, reason="SandboxCleanupFailed", message=(
+                f"{exc}; gave up after {retry + 1} attempts and released the finalizer; "
+                "remove the mount and claim by hand"))

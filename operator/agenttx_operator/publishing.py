@@ -1,0 +1,72 @@
+"""Publishing policies into etcd, where the service replicas watch them (SPEC §8).
+
+Why etcd and not the Kubernetes API: the service pods keep all their state in etcd and
+get no Kubernetes API rights, so the operator is the only bridge between the two.
+
+What it must never do: open its own etcd connection (it uses `agenttx.store.client`,
+the project's one gateway) or retry on its own; a StoreUnavailable goes back to the
+handler, which reports EtcdUnavailable and lets kopf retry with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from agenttx.engine.policy import PublishedPolicy
+from agenttx.store.client import Store, cmp_mod, cmp_value, op_delete, op_put
+
+from . import reconcile
+
+log = logging.getLogger(__name__)
+
+
+async def publish(store: Store, prefix: str, policy: PublishedPolicy) -> bool:
+    """Write the policy unless etcd already holds exactly these bytes (one round trip).
+
+    Returns True when it wrote. Idempotent: an unchanged policy is never rewritten, so
+    the service's watchers see no spurious event on a resume or a status-only change.
+    """
+    key = reconcile.policy_key(prefix, policy.namespace, policy.name)
+    value = reconcile.publish_payload(policy)
+    result = await store.txn(
+        [cmp_value(key, value)], [], [op_put(key, value)], what="publish policy"
+    )
+    return not result.succeeded
+
+
+async def unpublish(store: Store, prefix: str, namespace: str, name: str) -> None:
+    """Remove the policy's key (absent is fine)."""
+    await store.txn(
+        [], [op_delete(reconcile.policy_key(prefix, namespace, name))], what="unpublish policy"
+    )
+
+
+async def sweep_orphans(
+    store: Store,
+    prefix: str,
+    published: dict[bytes, int],
+    existing_policies: Iterable[tuple[str, str]],
+    namespaces: Iterable[str] | None,
+) -> list[bytes]:
+    """Delete published keys whose AgentTxPolicy is gone (e.g. its finalizer gave up
+    while etcd was down). Returns the keys removed.
+
+    Order matters: the caller reads `published` (`read_published`) from etcd *before*
+    listing the policies, and each delete compares the mod_revision, so a policy created
+    or republished in between is never removed.
+    """
+    removed: list[bytes] = []
+    orphans = reconcile.orphaned_keys(published, existing_policies, prefix, namespaces)
+    for key, rev in sorted(orphans.items()):
+        result = await store.txn([cmp_mod(key, rev)], [op_delete(key)], [], what="sweep policy")
+        if result.succeeded:
+            log.info("unpublished orphaned policy %s", key.decode("utf-8", "replace"))
+            removed.append(key)
+    return removed
+
+
+async def read_published(store: Store, prefix: str) -> dict[bytes, int]:
+    """Every published policy key with its mod_revision."""
+    kvs = await store.get_prefix(reconcile.policies_prefix(prefix))
+    return {kv.key: kv.mod_revision for kv in kvs}

@@ -1,0 +1,427 @@
+"""Pure reconcile functions of the AgentTxPolicy operator: no kopf, API server or etcd."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonpatch
+import pytest
+
+from agenttx.engine.policy import parse_published_policy
+from agenttx_operator import reconcile
+from agenttx_operator.reconcile import Target
+
+TARGET = Target(service_namespace="agenttx-system", deployment="agenttx", container="agenttx")
+NOW = "2030-01-01T00:00:00Z"
+LATER = "2030-01-01T00:05:00Z"
+
+
+def full_spec() -> dict:
+    return {
+        "priority": 10,
+        "selector": {"agentIdPrefix": "billing-", "matchMetadata": {"team": "billing", "a": "b"}},
+        "rollback": {"maxLocalDepth": 0, "maxGlobalResets": 2, "replayBudgetFactor": 4},
+        "sandbox": {"size": "1Gi", "accessModes": ["ReadWriteOnce"], "reclaimPolicy": "Retain"},
+        "idleTimeoutSeconds": 60,
+    }
+
+
+def service_deployment(**pod_extra: object) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "agenttx", "namespace": "agenttx-system", "generation": 3},
+        "spec": {
+            "replicas": 2,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "sidecar", "image": "x"},
+                        {
+                            "name": "agenttx",
+                            "image": "agenttx:1",
+                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                        },
+                    ],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    **pod_extra,
+                }
+            },
+        },
+        "status": {"observedGeneration": 3, "updatedReplicas": 2, "replicas": 2},
+    }
+
+
+# ---- validation --------------------------------------------------------------------
+
+def test_full_spec_is_valid() -> None:
+    assert reconcile.validate_spec(full_spec()) == []
+    assert reconcile.validate_spec({}) == []
+
+
+@pytest.mark.parametrize(
+    ("patch", "fragment"),
+    [
+        ({"rollback": {"maxLocalDepth": 17}}, "spec.rollback.maxLocalDepth"),
+        ({"rollback": {"maxGlobalResets": -1}}, "spec.rollback.maxGlobalResets"),
+        ({"rollback": {"maxLocalDepth": True}}, "spec.rollback.maxLocalDepth"),
+        ({"rollback": {"replayBudgetFactor": 0.05}}, "spec.rollback.replayBudgetFactor"),
+        ({"rollback": {"replayBudgetFactor": float("nan")}}, "spec.rollback.replayBudgetFactor"),
+        ({"rollback": {"replayBudgetFactor": 1001}}, "spec.rollback.replayBudgetFactor"),
+        ({"rollback": {"maxLocalDeph": 1}}, "spec.rollback.maxLocalDeph: unknown field"),
+        ({"priority": "high"}, "spec.priority"),
+        ({"selector": {"agentIdPrefix": "é" * 129}}, "at most 256 bytes"),
+        ({"selector": {"matchMetadata": {"tier": 2}}}, "spec.selector.matchMetadata"),
+        ({"selector": {"matchMetadata": {f"k{i}": "v" for i in range(65)}}}, "at most 64"),
+        ({"sandbox": {"size": "lots"}}, "spec.sandbox.size"),
+        ({"sandbox": {}}, "spec.sandbox.size"),
+        ({"sandbox": {"size": "1Gi", "reclaimPolicy": "Recycle"}}, "reclaimPolicy"),
+        ({"sandbox": {"size": "1Gi", "accessModes": ["ReadOnlyMany"]}}, "accessModes"),
+        ({"sandbox": {"size": "1Gi", "accessModes": []}}, "accessModes"),
+        ({"idleTimeoutSeconds": 0}, "spec.idleTimeoutSeconds"),
+        ({"surprise": 1}, "spec.surprise: unknown field"),
+    ],
+)
+def test_invalid_spec_names_the_field(patch: dict, fragment: str) -> None:
+    errors = reconcile.validate_spec(patch)
+    assert any(fragment in e for e in errors), errors
+
+
+def test_non_object_spec_is_invalid() -> None:
+    assert reconcile.validate_spec(None) == ["spec: must be an object"]
+
+
+# ---- publish payload ---------------------------------------------------------------
+
+def test_publish_payload_is_the_service_wire_format() -> None:
+    policy = reconcile.normalise("team-a", "billing", 7, full_spec())
+    raw = reconcile.publish_payload(policy)
+    doc = json.loads(raw)
+    assert doc == {
+        "namespace": "team-a",
+        "name": "billing",
+        "generation": 7,
+        "priority": 10,
+        "selector": {"agent_id_prefix": "billing-", "match_metadata": {"a": "b", "team": "billing"}},
+        "rollback": {"max_local_depth": 0, "max_global_resets": 2, "replay_budget_factor": 4.0},
+        "idle_timeout_s": 60,
+        "sandbox_path": "/sandboxes/team-a/billing",
+    }
+    assert parse_published_policy(raw) == policy
+
+
+def test_publish_payload_leaves_unset_fields_to_the_layer_below() -> None:
+    policy = reconcile.normalise("ns", "p", 1, {"rollback": {"maxLocalDepth": 2}})
+    doc = json.loads(reconcile.publish_payload(policy))
+    assert doc["rollback"] == {"max_local_depth": 2}
+    assert doc["priority"] == 0
+    assert doc["selector"] == {"agent_id_prefix": "", "match_metadata": {}}
+    assert doc["idle_timeout_s"] is None and doc["sandbox_path"] is None
+
+
+def test_publish_payload_is_byte_stable() -> None:
+    a = reconcile.publish_payload(reconcile.normalise("ns", "p", 1, full_spec()))
+    spec = full_spec()
+    spec["selector"]["matchMetadata"] = dict(reversed(list(spec["selector"]["matchMetadata"].items())))
+    b = reconcile.publish_payload(reconcile.normalise("ns", "p", 1, spec))
+    assert a == b
+
+
+def test_normalise_refuses_an_invalid_spec() -> None:
+    with pytest.raises(ValueError, match="maxLocalDepth"):
+        reconcile.normalise("ns", "p", 1, {"rollback": {"maxLocalDepth": 17}})
+
+
+def test_sandbox_path_uses_the_configured_mount_root() -> None:
+    policy = reconcile.normalise("ns", "p", 1, {"sandbox": {"size": "1Gi"}}, mount_root="/mnt/sb/")
+    assert policy.sandbox_path == "/mnt/sb/ns/p"
+
+
+def test_policy_key_layout() -> None:
+    assert reconcile.policy_key("/agenttx", "ns", "p") == b"/agenttx/policies/ns/p"
+    assert reconcile.policy_key("/agenttx/", "ns", "p") == b"/agenttx/policies/ns/p"
+
+
+# ---- names and the claim -----------------------------------------------------------
+
+def test_names_are_dns_safe_unique_and_bounded() -> None:
+    long = "x" * 253
+    assert len(reconcile.claim_name("ns", long)) <= 253
+    assert len(reconcile.volume_name("n" * 63, long)) <= 63
+    assert reconcile.volume_name("a-b", "c") != reconcile.volume_name("a", "b-c")
+    assert reconcile.claim_name("a-b", "c") != reconcile.claim_name("a", "b-c")
+    name = reconcile.volume_name("Team.A", "my.policy")
+    assert name == name.lower() and "." not in name
+
+
+def test_build_pvc_lives_in_the_service_namespace_and_records_reclaim_policy() -> None:
+    pvc = reconcile.build_pvc("team-a", "research", full_spec()["sandbox"], TARGET)
+    assert pvc["metadata"]["namespace"] == "agenttx-system"
+    assert pvc["metadata"]["name"] == reconcile.claim_name("team-a", "research")
+    assert pvc["metadata"]["annotations"] == {
+        reconcile.ANNOTATION_POLICY: "team-a/research",
+        reconcile.ANNOTATION_RECLAIM_POLICY: "Retain",
+    }
+    assert pvc["metadata"]["labels"][reconcile.LABEL_MANAGED_BY] == "agenttx-operator"
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Gi"}},
+    }
+    assert "ownerReferences" not in pvc["metadata"]
+
+
+def test_build_pvc_defaults_to_read_write_many_and_named_storage_class() -> None:
+    pvc = reconcile.build_pvc("ns", "p", {"size": "2Gi", "storageClassName": "nfs"}, TARGET)
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["storageClassName"] == "nfs"
+    assert pvc["metadata"]["annotations"][reconcile.ANNOTATION_RECLAIM_POLICY] == "Delete"
+
+
+def test_plan_claim_is_empty_for_the_claim_it_built() -> None:
+    desired = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    live = copy.deepcopy(desired)
+    live["spec"]["volumeName"] = "pv-123"  # server-side additions do not count
+    live["status"] = {"phase": "Bound"}
+    assert reconcile.plan_claim(live, desired) == reconcile.ClaimPlan(None, ())
+
+
+def test_plan_claim_grows_but_never_shrinks_or_moves() -> None:
+    live = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    bigger = reconcile.build_pvc("ns", "p", {"size": "2048Mi", "reclaimPolicy": "Retain"}, TARGET)
+    plan = reconcile.plan_claim(live, bigger)
+    assert plan.patch == {
+        "metadata": {"annotations": {reconcile.ANNOTATION_RECLAIM_POLICY: "Retain"}},
+        "spec": {"resources": {"requests": {"storage": "2048Mi"}}},
+    }
+    assert plan.problems == ()
+    same = reconcile.build_pvc("ns", "p", {"size": "1024Mi"}, TARGET)
+    assert reconcile.plan_claim(live, same) == reconcile.ClaimPlan(None, ())
+    smaller = reconcile.build_pvc(
+        "ns", "p", {"size": "500Mi", "storageClassName": "fast",
+                    "accessModes": ["ReadWriteOnce"]}, TARGET)
+    plan = reconcile.plan_claim(live, smaller)
+    assert plan.patch is None
+    assert [p.split(" ", 1)[0] for p in plan.problems] == [
+        "sandbox.size", "sandbox.storageClassName", "sandbox.accessModes"]
+
+
+def test_quantities_compare_in_bytes() -> None:
+    assert reconcile.quantity_bytes("1Gi") == reconcile.quantity_bytes("1024Mi")
+    assert reconcile.quantity_bytes("1G") == 1e9
+    assert reconcile.quantity_bytes("1e3") == 1000
+
+
+def test_claim_retained_reads_the_annotation() -> None:
+    retained = reconcile.build_pvc("ns", "p", {"size": "1Gi", "reclaimPolicy": "Retain"}, TARGET)
+    deleted = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    assert reconcile.claim_retained(retained) is True
+    assert reconcile.claim_retained(deleted) is False
+    assert reconcile.claim_retained(None) is False
+
+
+# ---- the Deployment patch ----------------------------------------------------------
+
+def test_mount_patch_adds_exactly_one_volume_and_mount() -> None:
+    dep = service_deployment()
+    ops = reconcile.deployment_patch(dep, "team-a", "research", TARGET, mounted=True)
+    assert ops is not None
+    after = jsonpatch.apply_patch(dep, ops)
+    pod = after["spec"]["template"]["spec"]
+    vname = reconcile.volume_name("team-a", "research")
+    assert pod["volumes"] == [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": vname,
+         "persistentVolumeClaim": {"claimName": reconcile.claim_name("team-a", "research")}},
+    ]
+    assert pod["containers"][1]["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": vname, "mountPath": "/sandboxes/team-a/research"},
+    ]
+    assert pod["containers"][0] == {"name": "sidecar", "image": "x"}  # untouched
+    assert ops[0] == {"op": "test", "path": "/spec/template/spec/containers/1/name",
+                      "value": "agenttx"}
+
+
+def test_mount_patch_is_idempotent() -> None:
+    dep = service_deployment()
+    after = jsonpatch.apply_patch(
+        dep, reconcile.deployment_patch(dep, "ns", "p", TARGET, mounted=True))
+    assert reconcile.deployment_patch(after, "ns", "p", TARGET, mounted=True) is None
+
+
+def test_api_server_defaults_do_not_count_as_drift() -> None:
+    dep = service_deployment()
+    after = jsonpatch.apply_patch(
+        dep, reconcile.deployment_patch(dep, "ns", "p", TARGET, mounted=True))
+    after["spec"]["template"]["spec"]["containers"][1]["volumeMounts"][1]["readOnly"] = False
+    assert reconcile.deployment_patch(after, "ns", "p", TARGET, mounted=True) is None
+
+
+def test_mount_patch_creates_missing_lists() -> None:
+    dep = service_deployment()
+    del dep["spec"]["template"]["spec"]["volumes"]
+    del dep["spec"]["template"]["spec"]["containers"][1]["volumeMounts"]
+    after = jsonpatch.apply_patch(
+        dep, reconcile.deployment_patch(dep, "ns", "p", TARGET, mounted=True))
+    pod = after["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == [reconcile.volume_name("ns", "p")]
+    assert [m["mountPath"] for m in pod["containers"][1]["volumeMounts"]] == ["/sandboxes/ns/p"]
+
+
+def test_unmount_removes_only_this_policy_and_is_idempotent() -> None:
+    dep = service_deployment()
+    for ns, name in (("ns", "a"), ("ns", "b")):
+        dep = jsonpatch.apply_patch(
+            dep, reconcile.deployment_patch(dep, ns, name, TARGET, mounted=True))
+    ops = reconcile.deployment_patch(dep, "ns", "a", TARGET, mounted=False)
+    assert ops is not None
+    assert all(op["op"] in ("test", "remove") for op in ops)
+    after = jsonpatch.apply_patch(dep, ops)
+    pod = after["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp", reconcile.volume_name("ns", "b")]
+    assert [m["mountPath"] for m in pod["containers"][1]["volumeMounts"]] == [
+        "/tmp", "/sandboxes/ns/b"]
+    assert reconcile.deployment_patch(after, "ns", "a", TARGET, mounted=False) is None
+    assert reconcile.deployment_patch(service_deployment(), "ns", "a", TARGET,
+                                      mounted=False) is None
+
+
+def test_patch_guards_indexes_against_concurrent_changes() -> None:
+    dep = service_deployment()
+    dep = jsonpatch.apply_patch(dep, reconcile.deployment_patch(dep, "ns", "a", TARGET,
+                                                                mounted=True))
+    ops = reconcile.deployment_patch(dep, "ns", "a", TARGET, mounted=False)
+    # Someone inserts a volume at the front after we read the Deployment.
+    moved = copy.deepcopy(dep)
+    moved["spec"]["template"]["spec"]["volumes"].insert(0, {"name": "new", "emptyDir": {}})
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch(moved, ops)
+
+
+def test_patch_repairs_a_mount_at_the_wrong_path() -> None:
+    dep = service_deployment()
+    dep = jsonpatch.apply_patch(dep, reconcile.deployment_patch(dep, "ns", "a", TARGET,
+                                                                mounted=True))
+    dep["spec"]["template"]["spec"]["containers"][1]["volumeMounts"][1]["mountPath"] = "/x"
+    ops = reconcile.deployment_patch(dep, "ns", "a", TARGET, mounted=True)
+    assert [op["op"] for op in ops] == ["test", "test", "replace"]
+    after = jsonpatch.apply_patch(dep, ops)
+    assert after["spec"]["template"]["spec"]["containers"][1]["volumeMounts"][1][
+        "mountPath"] == "/sandboxes/ns/a"
+
+
+def test_mount_patch_needs_the_service_container() -> None:
+    other = Target(service_namespace="s", container="missing")
+    with pytest.raises(reconcile.ContainerNotFound, match="missing"):
+        reconcile.deployment_patch(service_deployment(), "ns", "p", other, mounted=True)
+    assert reconcile.deployment_patch(service_deployment(), "ns", "p", other,
+                                      mounted=False) is None
+
+
+# ---- volume readiness --------------------------------------------------------------
+
+def test_volume_ready_needs_bound_claim_and_rolled_out_deployment() -> None:
+    pvc = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    dep = service_deployment()
+    assert reconcile.volume_ready(None, dep)[0] is False
+    ready, why = reconcile.volume_ready(pvc, dep)
+    assert not ready and "Pending" in why
+    pvc["status"] = {"phase": "Bound"}
+    assert reconcile.volume_ready(pvc, dep) == (True, "")
+    dep["metadata"]["generation"] = 4
+    ready, why = reconcile.volume_ready(pvc, dep)
+    assert not ready and "not observed" in why
+    dep["status"] = {"observedGeneration": 4, "updatedReplicas": 1}
+    ready, why = reconcile.volume_ready(pvc, dep)
+    assert not ready and "1/2" in why
+    assert reconcile.volume_ready(pvc, None)[0] is False
+
+
+# ---- status ------------------------------------------------------------------------
+
+def test_status_published_is_ready_true() -> None:
+    status = reconcile.build_status(None, generation=2, reason=reconcile.REASON_PUBLISHED,
+                                    message="ok", sandbox_claim="s/c", now=NOW)
+    assert status == {
+        "observedGeneration": 2,
+        "sandboxClaim": "s/c",
+        "conditions": [{
+            "type": "Ready", "status": "True", "observedGeneration": 2,
+            "lastTransitionTime": NOW, "reason": "Published", "message": "ok",
+        }],
+    }
+
+
+@pytest.mark.parametrize("reason", [reconcile.REASON_INVALID_SPEC,
+                                    reconcile.REASON_ETCD_UNAVAILABLE,
+                                    reconcile.REASON_VOLUME_PENDING])
+def test_status_other_reasons_are_ready_false(reason: str) -> None:
+    status = reconcile.build_status(None, generation=1, reason=reason, message="m",
+                                    sandbox_claim=None, now=NOW)
+    assert status["conditions"][0]["status"] == "False"
+    assert status["conditions"][0]["reason"] == reason
+    assert status["sandboxClaim"] == ""
+
+
+def test_status_transition_time_moves_only_when_status_flips() -> None:
+    first = reconcile.build_status(None, generation=1, reason=reconcile.REASON_VOLUME_PENDING,
+                                   message="binding", sandbox_claim="s/c", now=NOW)
+    # Same status (False), other reason: the transition time stays.
+    second = reconcile.build_status(first, generation=1,
+                                    reason=reconcile.REASON_ETCD_UNAVAILABLE,
+                                    message="down", sandbox_claim="s/c", now=LATER)
+    assert second["conditions"][0]["lastTransitionTime"] == NOW
+    third = reconcile.build_status(second, generation=1, reason=reconcile.REASON_PUBLISHED,
+                                   message="ok", sandbox_claim="s/c", now=LATER)
+    assert third["conditions"][0]["lastTransitionTime"] == LATER
+
+
+def test_status_is_idempotent_and_keeps_other_conditions() -> None:
+    old = {"conditions": [{"type": "Custom", "status": "True", "reason": "X", "message": "",
+                           "lastTransitionTime": NOW}]}
+    first = reconcile.build_status(old, generation=3, reason=reconcile.REASON_PUBLISHED,
+                                   message="ok", sandbox_claim=None, now=NOW)
+    assert [c["type"] for c in first["conditions"]] == ["Custom", "Ready"]
+    again = reconcile.build_status(first, generation=3, reason=reconcile.REASON_PUBLISHED,
+                                   message="ok", sandbox_claim=None, now=LATER)
+    assert again == first
+    assert reconcile.status_patch(first, again) is None
+    changed = reconcile.build_status(first, generation=4, reason=reconcile.REASON_PUBLISHED,
+                                     message="ok", sandbox_claim=None, now=LATER)
+    assert set(reconcile.status_patch(first, changed)) == {"observedGeneration", "conditions"}
+
+
+# ---- deletion ----------------------------------------------------------------------
+
+def test_delete_removes_claim_unless_retained() -> None:
+    assert reconcile.delete_actions({"sandbox": {"size": "1Gi"}}) == reconcile.DeleteActions(
+        unpublish=True, unmount=True, delete_claim=True)
+    assert reconcile.delete_actions(
+        {"sandbox": {"size": "1Gi", "reclaimPolicy": "Retain"}}
+    ) == reconcile.DeleteActions(unpublish=True, unmount=True, delete_claim=False)
+    assert reconcile.delete_actions({}).delete_claim is True
+
+
+def test_delete_tolerates_an_invalid_spec() -> None:
+    assert reconcile.delete_actions(None).unpublish is True
+    assert reconcile.delete_actions({"sandbox": "junk"}).delete_claim is True
+
+
+def test_orphaned_keys_respects_prefix_namespaces_and_live_policies() -> None:
+    published = {
+        b"/agenttx/policies/a/live": 5,
+        b"/agenttx/policies/a/gone": 6,
+        b"/agenttx/policies/b/gone": 7,
+        b"/other/policies/a/gone": 8,
+    }
+    existing = {("a", "live")}
+    assert reconcile.orphaned_keys(published, existing, "/agenttx") == {
+        b"/agenttx/policies/a/gone": 6, b"/agenttx/policies/b/gone": 7}
+    assert reconcile.orphaned_keys(published, existing, "/agenttx", ["a"]) == {
+        b"/agenttx/policies/a/gone": 6}
+
+
+def test_retry_delay_doubles_up_to_the_cap() -> None:
+    assert [reconcile.retry_delay(r, 2, 60) for r in range(7)] == [2, 4, 8, 16, 32, 60, 60]
+    assert reconcile.retry_delay(10_000, 2, 60) == 60
