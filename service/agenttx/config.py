@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     etcd_max_txn_ops: int = Field(
         1024, ge=16, description="etcd --max-txn-ops of the cluster; bounds a transaction's "
         "write set (the embedded etcd is started with it)")
+    etcd_max_request_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024 * 1024, description="etcd --max-request-bytes of the cluster; "
+        "bounds what one step and one commit may carry (the embedded etcd is started with it)")
     data_dir: str = Field(".agenttx", description="state folder for the embedded etcd and "
                           "the default sandbox")
     fs_root: str | None = Field(None, description="sandbox root for fs tools (default "

@@ -89,7 +89,8 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
     endpoints = settings.endpoints()
     data_dir = pathlib.Path(settings.data_dir)
     if not endpoints:
-        embedded = EmbeddedEtcd(data_dir / "etcd", max_txn_ops=settings.etcd_max_txn_ops)
+        embedded = EmbeddedEtcd(data_dir / "etcd", max_txn_ops=settings.etcd_max_txn_ops,
+                                max_request_bytes=settings.etcd_max_request_bytes)
         await asyncio.to_thread(embedded.start)
         endpoints = embedded.endpoints
         log.info("started embedded etcd (development only; use --etcd-endpoints in production)",
@@ -120,7 +121,8 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
                     resolve_policy=policies.resolve, default_fs_root=fs_root,
                     replica_id=replica_id,
                     channel_names=(channels.names if channels is not None else lambda: ["log"]),
-                    max_txn_ops=settings.etcd_max_txn_ops, dispatcher=dispatcher)
+                    max_txn_ops=settings.etcd_max_txn_ops,
+                    max_request_bytes=settings.etcd_max_request_bytes, dispatcher=dispatcher)
 
     presence = ReplicaPresence(store, keys, replica_id, settings.replica_ttl_s)
     try:

@@ -55,6 +55,7 @@ class Overlay:
     observed: dict[str, int] = field(default_factory=dict)           # etcd key -> mod_revision
     effects: int = 0
     locks: dict[str, str] = field(default_factory=dict)              # lock key -> path
+    write_bytes: int = 0                                             # commit payload so far
 
     @classmethod
     def build(cls, steps: Iterable[Mapping[str, Any]]) -> Overlay:
@@ -67,6 +68,7 @@ class Overlay:
             for k, row in rec.get("rec", {}).items():
                 o.rec[k] = row
             o.effects += len(rec.get("effects", []))
+            o.write_bytes += int(rec.get("write_bytes", 0))
             fs = rec.get("fs")
             if fs:
                 o.locks[fs["lock"]] = fs["path"]
@@ -111,6 +113,7 @@ class StepContext:
         self.deletes: set[str] = set()
         self.effects: list[dict[str, Any]] = []
         self.fs: dict[str, Any] | None = None
+        self.write_bytes = 0
 
     async def _committed(self, key: bytes) -> KeyValue | None:
         if key not in self.prefetched:
@@ -253,4 +256,5 @@ class StepContext:
             "observed": self.observed,
             "effects": self.effects,
             "fs": self.fs,
+            "write_bytes": self.write_bytes,
         }

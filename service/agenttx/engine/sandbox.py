@@ -153,7 +153,7 @@ def restore(target: pathlib.Path, previous: bytes | None) -> None:
     created (an already-absent file is a success). Raises OSError when it cannot."""
     if previous is None:
         if target.is_dir() and not target.is_symlink():
-            raise IsADirectoryError(f"Is a directory: '{target}'")
+            raise IsADirectoryError(errno.EISDIR, "Is a directory")
         with contextlib.suppress(FileNotFoundError):
             target.unlink()
         with contextlib.suppress(OSError):

@@ -75,13 +75,14 @@ from .refs import ReferenceError_, resolve
 
 log = logging.getLogger(__name__)
 
-# A commit carries the write set, the outbox entries and this many bytes at most; the
-# embedded etcd runs with --max-request-bytes 16 MiB (store.embedded) and a Txn also
-# carries compares and the keys themselves.
-MAX_WRITE_SET_BYTES = 8 * 1024 * 1024
-# An fs.write whose undo image would be larger than this is refused: the image lives in
-# the step record, which must fit one etcd request.
-MAX_UNDO_IMAGE_BYTES = 4 * 1024 * 1024
+# Size budgets, as fractions of etcd's --max-request-bytes (settings.etcd_max_request_bytes;
+# the embedded etcd and the chart's etcd run with 16 MiB, etcd's own default is 1.5 MiB):
+# a step record (output, raw_context, buffered writes, undo image) must fit one request,
+# and so must the commit, which carries the whole write set and the outbox entries plus
+# keys and compares. A step that would break either fails with program_limit_exceeded,
+# so etcd never refuses a write the service promised to make.
+STEP_BYTES_SHARE = 0.6
+COMMIT_BYTES_SHARE = 0.75
 # How long an fs.write may sit between its CAS and its rename before another replica
 # may treat it as interrupted (its owner is also checked for liveness).
 APPLY_GRACE_S = 30.0
@@ -122,6 +123,7 @@ class Engine:
         replica_id: str,
         channel_names: Callable[[], list[str]],
         max_txn_ops: int = 1024,
+        max_request_bytes: int = 16 * 1024 * 1024,
         dispatcher: Any = None,
     ) -> None:
         self.store = store
@@ -132,6 +134,8 @@ class Engine:
         self.replica_id = replica_id
         self.channel_names = channel_names
         self.max_write_ops = max_txn_ops - COMMIT_RESERVED_OPS
+        self.max_step_bytes = int(max_request_bytes * STEP_BYTES_SHARE)
+        self.max_commit_bytes = int(max_request_bytes * COMMIT_BYTES_SHARE)
         self.dispatcher = dispatcher
 
     # ------------------------------------------------------------------ begin
@@ -240,6 +244,7 @@ class Engine:
                           channel_names=self.channel_names, covered=snap.covered)
         refs: set[int] = set()
         provenance: dict[str, int] = {}
+        result = None
         try:
             if parse_error is not None:
                 raise ToolError(parse_error.args[0])
@@ -260,19 +265,60 @@ class Engine:
             self._check_limits(ctx, overlay, output_json, raw_context)
         except ToolError as exc:
             ctx_cleanup(ctx)
+            await self._compensate_unrecorded(tool, result, tx_id, step_id)
             return await self._fail(snap, step_id, tool_name, exc.message, exc.argument,
                                     exc.data, refs, provenance, ctx.touched)
         except Exception as exc:  # a custom tool's own failure: its text is the message
             ctx_cleanup(ctx)
+            await self._compensate_unrecorded(tool, result, tx_id, step_id)
             log.info("tool raised", extra={"tx": tx_id, "tool": tool_name,
                                            "error": f"{type(exc).__name__}: {exc}"})
             return await self._fail(snap, step_id, tool_name, str(exc) or type(exc).__name__,
                                     None, None, refs, provenance, ctx.touched)
 
         record = ctx.record(tool=tool_name, output=output, raw_context=raw_context, refs=refs)
-        if tool.rollback is RollbackKind.SAGA and tool_name != "fs.write":
-            record["saga"] = {"compensation": result.compensation}
-        return await self._apply_success(snap, step_id, ctx, record, output_json)
+        if not _is_custom_saga(tool):
+            return await self._apply_success(snap, step_id, ctx, record, output_json)
+        # A custom saga already changed the world: if its step is not recorded, undo it
+        # now, or the step would have an effect without being live (SPEC §2).
+        record["saga"] = {"compensation": result.compensation}
+        record["attempt"] = uuid.uuid4().hex
+        try:
+            outcome = await self._apply_success(snap, step_id, ctx, record, output_json)
+        except StoreUnavailable:
+            if await self._step_recorded(tx_id, step_id, record["attempt"]):
+                return StepOutcome(status="SUCCESS", next_step_id=step_id + 1,
+                                   constraints=list(snap.header["constraints"]),
+                                   output_json=output_json)
+            await self._compensate_unrecorded(tool, result, tx_id, step_id)
+            raise
+        except BaseException:
+            await self._compensate_unrecorded(tool, result, tx_id, step_id)
+            raise
+        if outcome.status != "SUCCESS":
+            await self._compensate_unrecorded(tool, result, tx_id, step_id)
+        return outcome
+
+    async def _step_recorded(self, tx_id: str, step_id: int, attempt: str) -> bool:
+        """After an ambiguous CAS: is the step record there, and is it this attempt's?"""
+        try:
+            kv = await self.store.get(self.keys.step(tx_id, step_id))
+        except StoreUnavailable:
+            raise StoreUnavailable(
+                f"etcd unreachable while recording step {step_id} of transaction {tx_id}; "
+                "its outcome is unknown: call GetTransaction") from None
+        return kv is not None and from_json(kv.value).get("attempt") == attempt
+
+    async def _compensate_unrecorded(self, tool: Any, result: Any, tx_id: str,
+                                     step_id: int) -> None:
+        if result is None or not _is_custom_saga(tool):
+            return
+        try:
+            await tool.compensate(result.compensation)
+        except Exception as exc:  # logged loudly: the effect outlives its step
+            log.error("could not compensate an unrecorded saga step",
+                      extra={"tx": tx_id, "step": step_id, "tool": tool.name,
+                             "error": f"{type(exc).__name__}: {exc}"})
 
     def _prefetch_keys(self, wanted: Any) -> tuple[list[bytes], list[bytes]]:
         keys: list[bytes] = []
@@ -298,16 +344,19 @@ class Engine:
                 f"program limit exceeded: the transaction would write {ops} keys, effects and "
                 f"locks; the limit is {self.max_write_ops} (etcd --max-txn-ops minus "
                 f"{COMMIT_RESERVED_OPS} reserved)")
-        if ctx.fs and ctx.fs["previous"] and len(ctx.fs["previous"]) * 3 // 4 > MAX_UNDO_IMAGE_BYTES:
-            raise ToolError(
-                f"program limit exceeded: the file's previous contents exceed "
-                f"{MAX_UNDO_IMAGE_BYTES} bytes, too large to keep as an undo image")
-        size = len(output_json) + len(raw_context.encode()) + len(dumps(ctx.kv)) + \
-            len(dumps(ctx.rec)) + len(dumps(ctx.effects))
-        if size > MAX_WRITE_SET_BYTES:
+        write_bytes = len(dumps(ctx.kv)) + len(dumps(ctx.rec)) + len(dumps(ctx.effects))
+        size = len(output_json) + len(raw_context.encode()) + write_bytes + \
+            len((ctx.fs or {}).get("previous") or "")
+        if size > self.max_step_bytes:
             raise ToolError(
                 f"program limit exceeded: the step would store {size} bytes; the limit is "
-                f"{MAX_WRITE_SET_BYTES}")
+                f"{self.max_step_bytes} (a share of etcd's --max-request-bytes)")
+        total = overlay.write_bytes + write_bytes
+        if total > self.max_commit_bytes:
+            raise ToolError(
+                f"program limit exceeded: the transaction's writes would reach {total} bytes; "
+                f"one commit carries at most {self.max_commit_bytes}")
+        ctx.write_bytes = write_bytes
 
     async def _apply_success(self, snap: Snapshot, step_id: int, ctx: StepContext,
                              record: dict[str, Any], output_json: str) -> StepOutcome:
@@ -494,7 +543,8 @@ class Engine:
         return res.revision
 
     async def _undo_and_finish(self, snap: Snapshot, order: list[int], then: dict[str, Any],
-                               *, end: bool, fence: Callable[[], Sequence[Any]] = lambda: ()
+                               *, end: bool, fence: Callable[[], Sequence[Any]] = lambda: (),
+                               automatic: bool = False
                                ) -> tuple[list[str], list[int], dict[str, Any]]:
         """Undo `order` (descending step ids) and commit the resulting state.
 
@@ -526,7 +576,8 @@ class Engine:
             remaining = [i for i in snap.live if i not in done]
             header.update(status=AWAITING_ROLLBACK, attempts=0,
                           next_step_id=(max(remaining) + 1) if remaining else 1)
-            header["replay_used"] = header.get("replay_used", 0) + len(done)
+            if automatic:  # only automatic rollbacks count as replay (SPEC §5.3)
+                header["replay_used"] = header.get("replay_used", 0) + len(done)
             await self._write_state(work, header, done, fence=fence())
             log.warning("undo failed; transaction awaits manual rollback",
                         extra={"tx": snap.tx_id, "errors": errors, "undone": done})
@@ -607,7 +658,7 @@ class Engine:
                 "replay_used": header["replay_used"] + len(plan.undo)}
         undo_base = Snapshot(snap.tx_id, header, snap.header_rev, snap.steps, snap.data)
         errors, done, written = await self._undo_and_finish(
-            undo_base, list(plan.undo), then, end=plan.strategy is Strategy.ABORT)
+            undo_base, list(plan.undo), then, end=plan.strategy is Strategy.ABORT, automatic=True)
         outcome.rollback_latency_ms = (time.perf_counter() - started) * 1000.0
         if errors:
             outcome.strategy = Strategy.MANUAL
@@ -783,6 +834,11 @@ class Engine:
                    for r in snap.ordered() if r.get("raw_context")]
         return TransactionView(tx_id, h["status"], h["next_step_id"], list(h["constraints"]),
                                h["global_resets"], h["agent_id"], context)
+
+
+def _is_custom_saga(tool: Any) -> bool:
+    """SAGA tools other than fs.write (whose undo the engine does itself from its record)."""
+    return tool is not None and tool.rollback is RollbackKind.SAGA and tool.name != "fs.write"
 
 
 def ctx_cleanup(ctx: StepContext) -> None:
