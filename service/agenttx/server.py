@@ -162,6 +162,8 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
     await stop.wait()
 
     log.info("shutting down: draining in-flight RPCs", extra={"grace_s": settings.grace_period_s})
@@ -191,3 +193,13 @@ def _extra_background(engine: Engine, settings: Settings, store: Store, keys: Ke
         return []
     return [Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s,
                    ttl_s=settings.leader_ttl_s).run()]
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: log where every asyncio task is waiting (for diagnosing a stuck call)."""
+    import io
+
+    for task in asyncio.all_tasks():
+        out = io.StringIO()
+        task.print_stack(limit=12, file=out)
+        log.warning("task stack", extra={"task": task.get_name(), "stack": out.getvalue()})

@@ -12,6 +12,8 @@ not have applied; the caller re-reads and decides (see engine.transactions).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import pathlib
 from collections.abc import Iterable, Sequence
@@ -112,18 +114,19 @@ def _kv(m: Any) -> KeyValue:
     )
 
 
-def _target(endpoints: Sequence[str]) -> str:
-    """gRPC target for all endpoints: `ipv4:a:p,b:p` when they are IP literals (the
-    channel fails over between them), else `dns:///host:port` for a single name."""
-    cleaned = [e.split("://", 1)[-1].rstrip("/") for e in endpoints]
-    hosts = [c.rsplit(":", 1)[0] for c in cleaned]
-    if all(_is_ipv4(h) for h in hosts):
-        return "ipv4:" + ",".join(cleaned)
-    if len(cleaned) == 1:
-        return f"dns:///{cleaned[0]}"
-    # Several DNS names: let the resolver see them one by one is not supported by
-    # gRPC's target syntax, so list them as a DNS name per connection attempt order.
-    return f"dns:///{cleaned[0]}"
+def _clean(endpoint: str) -> str:
+    return endpoint.split("://", 1)[-1].rstrip("/")
+
+
+def _targets(endpoints: Sequence[str]) -> list[str]:
+    """gRPC targets to try in turn. IP literals go into ONE `ipv4:a:p,b:p` target (the
+    channel itself fails over between them); DNS names get one target each, and the
+    client moves to the next one when the current endpoint is unreachable (gRPC's
+    target syntax cannot list several DNS names)."""
+    cleaned = [_clean(e) for e in endpoints]
+    if all(_is_ipv4(c.rsplit(":", 1)[0]) for c in cleaned):
+        return ["ipv4:" + ",".join(cleaned)]
+    return [f"dns:///{c}" for c in cleaned]
 
 
 def _is_ipv4(host: str) -> bool:
@@ -145,7 +148,37 @@ class EtcdClient(aetcd.Client):
     ) -> None:
         super().__init__(timeout=timeout)  # type: ignore[arg-type]
         self.endpoints = list(endpoints)
+        self.targets = _targets(self.endpoints)
+        self._current = 0
+        self._disposals: set[asyncio.Task[None]] = set()
         self._tls = (ca_file, cert_file, key_file)
+
+    @property
+    def target(self) -> str:
+        return self.targets[self._current]
+
+    async def failover(self, failed_target: str) -> None:
+        """Move to the next endpoint after `failed_target` proved unreachable (once, however
+        many calls saw it fail). The failed call is not retried here: a CAS must be
+        re-read, never replayed. The old channel and its watcher are disposed of in the
+        background, so no caller waits on a dead connection."""
+        if len(self.targets) < 2 or failed_target != self.target:
+            return
+        old_channel, old_watcher = self.channel, self._watcher
+        self._current = (self._current + 1) % len(self.targets)
+        self._connected.clear()
+        self._init_channel_attrs()
+        self._disposals.add(asyncio.create_task(self._dispose(old_channel, old_watcher)))
+        log.warning("etcd endpoint unreachable; switching", extra={"target": self.target})
+
+    async def _dispose(self, channel: Any, watcher: Any) -> None:
+        with contextlib.suppress(Exception):
+            if watcher is not None:
+                await asyncio.wait_for(watcher.shutdown(), 5)
+        with contextlib.suppress(Exception):
+            if channel is not None:
+                await channel.close()
+        self._disposals.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     async def connect(self) -> None:  # overrides aetcd's single-host connect
         if self._connected.is_set():
@@ -158,7 +191,7 @@ class EtcdClient(aetcd.Client):
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2_000),
         ]
-        target = _target(self.endpoints)
+        target = self.target
         ca, cert, key = self._tls
         if ca or cert:
             creds = grpc.ssl_channel_credentials(
@@ -202,11 +235,15 @@ class Store:
     async def _txn(self, compare: list[Any], success: list[Any], failure: list[Any],
                    what: str) -> TxnResult:
         await self.client.connect()
+        target = self.client.target
         req = rpc.TxnRequest(compare=compare, success=success, failure=failure)
         try:
             resp = await self.client.kvstub.Txn(req, timeout=self.timeout)
         except Exception as exc:  # translated: callers see only domain errors
-            raise _translate(exc, what) from exc
+            error = _translate(exc, what)
+            if isinstance(error, StoreUnavailable):
+                await self.client.failover(target)
+            raise error from exc
         return TxnResult(bool(resp.succeeded), int(resp.header.revision), list(resp.responses))
 
     async def read(self, keys: Iterable[bytes] = (), prefixes: Iterable[bytes] = (),
