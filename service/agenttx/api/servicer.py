@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ from .._proto import agenttx_pb2 as pb
 from .._proto import agenttx_pb2_grpc as pb_grpc
 from ..engine.transactions import Engine
 from ..errors import AgentTxError, InvalidArgument
+from ..store.client import ROUND_TRIPS
 from . import convert, validation
 from .status import status_for
 
@@ -72,11 +74,18 @@ def add_to_server(servicer: AgentTxServicer, server: grpc.aio.Server) -> None:
 def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        trips = [0]
+        ROUND_TRIPS.set(trips)  # each RPC runs in its own task: a fresh context
+        started = time.perf_counter()
         try:
             if isinstance(request, _Unparsable):
                 raise InvalidArgument(f"request is not a valid {request.message_type}: "
                                       f"{request.reason}")
-            return await method(self, request, context)
+            response = await method(self, request, context)
+            log.info("rpc", extra={"rpc": method.__name__, "code": "OK",
+                                   "ms": round((time.perf_counter() - started) * 1000, 2),
+                                   "etcd_round_trips": trips[0]})
+            return response
         except AgentTxError as exc:
             code = status_for(exc)
             log.info("rpc refused", extra={"rpc": method.__name__, "code": code.name,

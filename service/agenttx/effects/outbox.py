@@ -56,7 +56,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import StoreError, StoreUnavailable
-from ..store.client import KeyValue, Store, cmp_mod, op_delete, op_put
+from ..store.client import KeyValue, ReadResult, Store, cmp_mod, op_delete, op_put
 from ..store.layout import Keys
 from ..store.lease import LeaderLease, NotLeader
 from .channels import ChannelRegistry, DeliveryError, Effect
@@ -180,10 +180,13 @@ class Dispatcher:
                 new_entry(effect, seq, now=time.time(), claimed_by=self.replica_id,
                           claim_s=self.claim_s))
 
-    async def deliver_committed(self, entries: list[tuple[bytes, int]]
+    async def deliver_committed(self, entries: list[tuple[bytes, int]],
+                                values: dict[bytes, bytes] | None = None
                                 ) -> tuple[int, list[str]]:
         """Deliver entries a commit txn just wrote (key, mod_revision from its header).
 
+        `values`, when the caller has them (the committing engine does), are the entries
+        as written at that revision, which saves reading them back from etcd.
         Returns (delivered count, ["<channel> <idempotency_key>: <reason>", ...]).
         Never raises for a delivery or etcd failure: whatever is not delivered stays in
         the outbox for the background loop.
@@ -191,12 +194,19 @@ class Dispatcher:
         if not entries:
             return 0, []
         keys = [k for k, _ in entries]
+        if values is not None and all(k in values for k in keys):
+            got = ReadResult(0, {k: KeyValue(k, values[k], rev, rev, 0) for k, rev in entries}, {})
+            return await self._deliver_read(entries, got)
         try:
             got = await self.store.read(keys, what="outbox read")
         except StoreError as exc:
             log.warning("outbox read failed after commit", extra={"error": str(exc)})
             return 0, [f"{k.decode(errors='replace')}: {exc}; left for background retry"
                        for k in keys]
+        return await self._deliver_read(entries, got)
+
+    async def _deliver_read(self, entries: list[tuple[bytes, int]], got: ReadResult
+                            ) -> tuple[int, list[str]]:
         delivered, errors = 0, []
         for key, rev in sorted(entries):
             kv = got.single.get(key)

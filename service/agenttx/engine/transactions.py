@@ -12,7 +12,8 @@ etcd round trips per RPC (the budget, see docs/architecture.md):
   names a data key that was not prefetched. A failure costs the same plus, when fs
   steps must be undone, one intent write before touching the disk (crash safety).
 - CommitTransaction: 2 — one read, one CAS that applies the write set, fills the outbox
-  and ends the transaction. Retiring delivered effects adds one write when there are any.
+  and ends the transaction. +1 write per effect delivered during the call (retiring its
+  outbox entry).
 - RollbackTransaction: 2 (read + CAS), +1 intent write when fs steps are undone.
 - GetTransaction: 1 read (+1 blind write recording activity for the idle reaper).
 
@@ -712,6 +713,7 @@ class Engine:
         for ekey in written:
             compares.append(cmp_mod(ekey, overlay.observed.get(ekey.decode(), 0)))
         outbox: list[bytes] = []
+        outbox_values: dict[bytes, bytes] = {}
         seq = 0
         now = _now()
         for rec in snap.ordered():
@@ -719,6 +721,7 @@ class Engine:
                 seq += 1
                 okey, ovalue = self._outbox_entry(tx_id, seq, eff, now)
                 outbox.append(okey)
+                outbox_values[okey] = ovalue
                 success.append(op_put(okey, ovalue))
         for lock in overlay.locks:
             success.append(op_delete(lock.encode()))
@@ -734,7 +737,8 @@ class Engine:
             steps = len(snap.live)
             log.info("transaction committed", extra={"tx": tx_id, "steps": steps,
                                                      "effects": len(outbox)})
-            dispatched, dispatch_errors = await self._dispatch([(k, res.revision) for k in outbox])
+            dispatched, dispatch_errors = await self._dispatch(
+                [(k, res.revision) for k in outbox], outbox_values)
             return CommitOutcome(True, steps, dispatched, dispatch_errors)
         current = res.responses[0].response_range.kvs
         if not current:
@@ -790,11 +794,15 @@ class Engine:
                            "call RollbackTransaction to finish undoing")
         log.info("transaction aborted", extra={"tx": snap.tx_id, "why": why})
 
-    async def _dispatch(self, entries: list[tuple[bytes, int]]) -> tuple[int, list[str]]:
+    async def _dispatch(self, entries: list[tuple[bytes, int]],
+                        values: dict[bytes, bytes]) -> tuple[int, list[str]]:
+        """Deliver what the commit just put in the outbox: one etcd write per delivered
+        effect retires its entry (a confirmed delivery is never repeated)."""
         if not entries or self.dispatcher is None:
             return 0, []
         try:
-            return await self.dispatcher.deliver_committed(entries)  # type: ignore[no-any-return]
+            return await self.dispatcher.deliver_committed(  # type: ignore[no-any-return]
+                entries, values)
         except Exception as exc:  # delivery never fails a commit that applied
             log.exception("dispatch after commit failed")
             return 0, [f"dispatch deferred to background: {type(exc).__name__}"]

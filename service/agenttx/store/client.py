@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import pathlib
 from collections.abc import Iterable, Sequence
@@ -27,6 +28,11 @@ from aetcd import rpc
 from ..errors import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+# Counts etcd round trips made on behalf of the current RPC (set by api.servicer), so the
+# per-RPC budget documented in engine/transactions.py is observable in the access log.
+ROUND_TRIPS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "agenttx_etcd_round_trips", default=None)
 
 # Large enough for a step record (1 MiB arguments + 1 MiB context + an undo image);
 # matches the --max-request-bytes we give an embedded etcd (store.embedded).
@@ -235,6 +241,9 @@ class Store:
     async def _txn(self, compare: list[Any], success: list[Any], failure: list[Any],
                    what: str) -> TxnResult:
         await self.client.connect()
+        counter = ROUND_TRIPS.get()
+        if counter is not None:
+            counter[0] += 1
         target = self.client.target
         req = rpc.TxnRequest(compare=compare, success=success, failure=failure)
         try:

@@ -1,0 +1,46 @@
+"""The etcd round-trip budget per RPC (docs/architecture.md), read from the access log."""
+
+from __future__ import annotations
+
+import time
+
+from support.service import Agent
+
+
+def _trips(replica, n: int) -> list[tuple[str, int]]:
+    deadline = time.monotonic() + 5
+    while True:
+        rows = [(e["rpc"], e["etcd_round_trips"]) for e in replica.logs() if e.get("msg") == "rpc"]
+        if len(rows) >= n or time.monotonic() > deadline:
+            return rows[-n:]
+        time.sleep(0.05)
+
+
+def test_each_successful_rpc_stays_within_its_etcd_round_trip_budget(replicas, uniq):
+    replica = replicas[0]
+    agent = Agent(replica.stub)
+    agent.ok("kv.put", {"key": f"rt-{uniq}", "value": 1})
+    agent.ok("kv.get", {"key": f"rt-{uniq}"})
+    agent.ok("kv.delete", {"key": f"rt-other-{uniq}"})
+    agent.ok("record.insert", {"table": f"rt{uniq}", "id": 1})
+    agent.ok("record.insert", {"table": f"rt{uniq}x", "id": 2, "fields": {"p": 1},
+                               "references": {"p": f"rt{uniq}"}})
+    agent.ok("record.get", {"table": f"rt{uniq}", "id": 1})
+    agent.ok("fs.write", {"path": f"rt-{uniq}.txt", "contents": "x"})
+    agent.ok("fs.write", {"path": f"rt-{uniq}.txt", "contents": "y"})
+    agent.ok("fs.read", {"path": f"rt-{uniq}.txt"})
+    agent.ok("effect.stage", {"channel": "log", "payload": 1})
+    assert agent.commit().committed
+    rows = _trips(replica, 12)
+    assert rows[0] == ("BeginTransaction", 1)
+    assert [r for r in rows[1:11]] == [("ExecuteStep", 2)] * 10
+    # commit: one read, one CAS, and one write retiring the one delivered effect
+    assert rows[11] == ("CommitTransaction", 3)
+
+
+def test_a_commit_without_effects_is_two_round_trips(replicas, uniq):
+    replica = replicas[1]
+    agent = Agent(replica.stub)
+    agent.ok("kv.put", {"key": f"rt2-{uniq}", "value": 1})
+    assert agent.commit().committed
+    assert _trips(replica, 1) == [("CommitTransaction", 2)]
