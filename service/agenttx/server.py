@@ -197,9 +197,7 @@ def _extra_background(engine: Engine, settings: Settings, store: Store, keys: Ke
 
 def _dump_tasks() -> None:
     """SIGUSR1: log where every asyncio task is waiting (for diagnosing a stuck call)."""
-    import io
-
     for task in asyncio.all_tasks():
-        out = io.StringIO()
-        task.print_stack(limit=12, file=out)
-        log.warning("task stack", extra={"task": task.get_name(), "stack": out.getvalue()})
+        frames = [f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}"
+                  for f in task.get_stack(limit=20)]
+        log.warning("task stack", extra={"task": task.get_name(), "stack": frames})
