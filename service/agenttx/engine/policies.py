@@ -77,7 +77,15 @@ class PolicyCache:
                     self._apply(bytes(kv.key), None if deleted else bytes(kv.value))
                     self.revision = max(self.revision, int(kv.mod_revision))
             except asyncio.CancelledError:
-                raise
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # we are being stopped
+                # aetcd cancels its own stream reader when a channel goes away; that is
+                # an interrupted watch, not a reason to stop watching.
+                log.warning("policy watch stream cancelled; reloading")
+                self.ready.clear()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
             except Exception as exc:
                 log.warning("policy watch interrupted; reloading",
                             extra={"error": f"{type(exc).__name__}: {exc}"})

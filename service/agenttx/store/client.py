@@ -12,8 +12,6 @@ not have applied; the caller re-reads and decides (see engine.transactions).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import contextvars
 import logging
 import pathlib
@@ -125,10 +123,12 @@ def _clean(endpoint: str) -> str:
 
 
 def _targets(endpoints: Sequence[str]) -> list[str]:
-    """gRPC targets to try in turn. IP literals go into ONE `ipv4:a:p,b:p` target (the
-    channel itself fails over between them); DNS names get one target each, and the
-    client moves to the next one when the current endpoint is unreachable (gRPC's
-    target syntax cannot list several DNS names)."""
+    """gRPC targets. IP literals go into ONE `ipv4:a:p,b:p` target: the channel itself
+    fails over between them. gRPC's target syntax cannot list several DNS names, so for
+    names only the first is used: give IP addresses, or one name that resolves to every
+    member (a Kubernetes Service), when failover matters. (Switching channels between
+    names on failure was tried and removed: under member loss it could leave the
+    server's own gRPC loop unresponsive.)"""
     cleaned = [_clean(e) for e in endpoints]
     if all(_is_ipv4(c.rsplit(":", 1)[0]) for c in cleaned):
         return ["ipv4:" + ",".join(cleaned)]
@@ -156,35 +156,11 @@ class EtcdClient(aetcd.Client):
         self.endpoints = list(endpoints)
         self.targets = _targets(self.endpoints)
         self._current = 0
-        self._disposals: set[asyncio.Task[None]] = set()
         self._tls = (ca_file, cert_file, key_file)
 
     @property
     def target(self) -> str:
         return self.targets[self._current]
-
-    async def failover(self, failed_target: str) -> None:
-        """Move to the next endpoint after `failed_target` proved unreachable (once, however
-        many calls saw it fail). The failed call is not retried here: a CAS must be
-        re-read, never replayed. The old channel and its watcher are disposed of in the
-        background, so no caller waits on a dead connection."""
-        if len(self.targets) < 2 or failed_target != self.target:
-            return
-        old_channel, old_watcher = self.channel, self._watcher
-        self._current = (self._current + 1) % len(self.targets)
-        self._connected.clear()
-        self._init_channel_attrs()
-        self._disposals.add(asyncio.create_task(self._dispose(old_channel, old_watcher)))
-        log.warning("etcd endpoint unreachable; switching", extra={"target": self.target})
-
-    async def _dispose(self, channel: Any, watcher: Any) -> None:
-        with contextlib.suppress(Exception):
-            if watcher is not None:
-                await asyncio.wait_for(watcher.shutdown(), 5)
-        with contextlib.suppress(Exception):
-            if channel is not None:
-                await channel.close()
-        self._disposals.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     async def connect(self) -> None:  # overrides aetcd's single-host connect
         if self._connected.is_set():
@@ -244,15 +220,11 @@ class Store:
         counter = ROUND_TRIPS.get()
         if counter is not None:
             counter[0] += 1
-        target = self.client.target
         req = rpc.TxnRequest(compare=compare, success=success, failure=failure)
         try:
             resp = await self.client.kvstub.Txn(req, timeout=self.timeout)
         except Exception as exc:  # translated: callers see only domain errors
-            error = _translate(exc, what)
-            if isinstance(error, StoreUnavailable):
-                await self.client.failover(target)
-            raise error from exc
+            raise _translate(exc, what) from exc
         return TxnResult(bool(resp.succeeded), int(resp.header.revision), list(resp.responses))
 
     async def read(self, keys: Iterable[bytes] = (), prefixes: Iterable[bytes] = (),
