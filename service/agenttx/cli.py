@@ -61,7 +61,11 @@ def _serve(ns: argparse.Namespace) -> int:
         print(f"agenttx serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logs.setup(settings.log_format, settings.log_level)
-    return asyncio.run(serve(settings))
+    try:
+        return asyncio.run(serve(settings))
+    except ValueError as exc:  # e.g. a malformed AGENTTX_EFFECT_CHANNELS entry
+        print(f"agenttx serve: invalid settings: {exc}", file=sys.stderr)
+        return 2
 
 
 def _operator(argv: list[str]) -> int:

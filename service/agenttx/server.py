@@ -15,15 +15,17 @@ import os
 import pathlib
 import signal
 import socket
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .api.servicer import AgentTxServicer, add_to_server
 from .config import Settings
+from .effects.channels import ChannelRegistry
+from .effects.outbox import Dispatcher
 from .engine.policies import PolicyCache
 from .engine.policy import RollbackSettings
+from .engine.reaper import Reaper
 from .engine.transactions import Engine
 from .store.client import Store, connect
 from .store.embedded import EmbeddedEtcd
@@ -76,14 +78,6 @@ class ReplicaPresence:
                 await self.store.client.revoke_lease(self.lease_id)
 
 
-def build_channels(settings: Settings) -> Any:
-    try:
-        from .effects.channels import ChannelRegistry
-    except ImportError:  # pragma: no cover - during bring-up only
-        return None
-    return ChannelRegistry.from_config(settings.effect_channels)
-
-
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> int:
     embedded: EmbeddedEtcd | None = None
     endpoints = settings.endpoints()
@@ -104,23 +98,14 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
 
     policies = PolicyCache(store, keys, RollbackSettings(**settings.default_policy.model_dump()),
                            settings.tx_idle_timeout_s)
-    channels = build_channels(settings)
-    dispatcher = None
-    background: list[Any] = []
-    if channels is not None:
-        try:
-            from .effects.outbox import Dispatcher
-
-            dispatcher = Dispatcher(store, keys.prefix, channels, replica_id,
-                                    lease_ttl_s=settings.leader_ttl_s,
-                                    poll_interval_s=settings.effect_poll_s,
-                                    claim_s=settings.effect_claim_s)
-        except ImportError:  # pragma: no cover
-            dispatcher = None
+    channels = ChannelRegistry.from_config(settings.effect_channels)
+    dispatcher = Dispatcher(store, keys.prefix, channels, replica_id,
+                            lease_ttl_s=settings.leader_ttl_s,
+                            poll_interval_s=settings.effect_poll_s,
+                            claim_s=settings.effect_claim_s)
     engine = Engine(store=store, keys=keys, tools=ToolRegistry.load(),
                     resolve_policy=policies.resolve, default_fs_root=fs_root,
-                    replica_id=replica_id,
-                    channel_names=(channels.names if channels is not None else lambda: ["log"]),
+                    replica_id=replica_id, channel_names=channels.names,
                     max_txn_ops=settings.etcd_max_txn_ops,
                     max_request_bytes=settings.etcd_max_request_bytes, dispatcher=dispatcher)
 
@@ -133,10 +118,10 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
                     extra={"error": str(exc)})
     policies.start()
     presence.start()
-    if dispatcher is not None and hasattr(dispatcher, "run"):
-        background.append(asyncio.create_task(dispatcher.run(), name="dispatcher"))
-    for starter in _extra_background(engine, settings, store, keys, replica_id):
-        background.append(asyncio.create_task(starter, name="background"))
+    reaper = Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s,
+                    ttl_s=settings.leader_ttl_s)
+    background = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
+                  asyncio.create_task(reaper.run(), name="reaper")]
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", 4 * 1024 * 1024),
@@ -182,17 +167,6 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
         await asyncio.to_thread(embedded.stop)
     log.info("stopped")
     return 0
-
-
-def _extra_background(engine: Engine, settings: Settings, store: Store, keys: Keys,
-                      replica_id: str) -> list[Any]:
-    """Background duties beyond the dispatcher (the idle reaper)."""
-    try:
-        from .engine.reaper import Reaper
-    except ImportError:
-        return []
-    return [Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s,
-                   ttl_s=settings.leader_ttl_s).run()]
 
 
 def _dump_tasks() -> None:

@@ -49,7 +49,7 @@ from ..store.layout import COMMIT_RESERVED_OPS, Keys
 from ..tools.base import RollbackKind, ToolError, validate_arguments
 from ..tools.registry import ToolRegistry
 from . import sandbox
-from .context import Overlay, StepContext, fs_data_id, kv_data_id, lock_path, rec_data_id
+from .context import Overlay, StepContext, fs_data_id, lock_path
 from .jsonargs import ArgumentsError, dumps, parse_arguments
 from .model import (
     ACTIVE,
@@ -899,4 +899,4 @@ def _dedupe_ops(ops: list[Any]) -> list[Any]:
     return out
 
 
-__all__ = ["Engine", "Snapshot", "kv_data_id", "rec_data_id"]
+__all__ = ["Engine", "Snapshot"]

@@ -122,8 +122,8 @@ def _clean(endpoint: str) -> str:
     return endpoint.split("://", 1)[-1].rstrip("/")
 
 
-def _targets(endpoints: Sequence[str]) -> list[str]:
-    """gRPC targets. IP literals go into ONE `ipv4:a:p,b:p` target: the channel itself
+def _target(endpoints: Sequence[str]) -> str:
+    """The gRPC target. IP literals go into ONE `ipv4:a:p,b:p` target: the channel itself
     fails over between them. gRPC's target syntax cannot list several DNS names, so for
     names only the first is used: give IP addresses, or one name that resolves to every
     member (a Kubernetes Service), when failover matters. (Switching channels between
@@ -131,8 +131,8 @@ def _targets(endpoints: Sequence[str]) -> list[str]:
     server's own gRPC loop unresponsive.)"""
     cleaned = [_clean(e) for e in endpoints]
     if all(_is_ipv4(c.rsplit(":", 1)[0]) for c in cleaned):
-        return ["ipv4:" + ",".join(cleaned)]
-    return [f"dns:///{c}" for c in cleaned]
+        return "ipv4:" + ",".join(cleaned)
+    return f"dns:///{cleaned[0]}"
 
 
 def _is_ipv4(host: str) -> bool:
@@ -154,13 +154,8 @@ class EtcdClient(aetcd.Client):
     ) -> None:
         super().__init__(timeout=timeout)  # type: ignore[arg-type]
         self.endpoints = list(endpoints)
-        self.targets = _targets(self.endpoints)
-        self._current = 0
+        self.target = _target(self.endpoints)
         self._tls = (ca_file, cert_file, key_file)
-
-    @property
-    def target(self) -> str:
-        return self.targets[self._current]
 
     async def connect(self) -> None:  # overrides aetcd's single-host connect
         if self._connected.is_set():
