@@ -73,6 +73,36 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
     failpoints: str = Field("", description="test-only crash points, e.g. fs.write.after_intent=crash")
 
+    # ---- security (SPEC §9) -----------------------------------------------------------
+    tls_cert_file: str | None = Field(None, description="serve TLS with this certificate "
+                                      "chain (PEM); re-read when it changes")
+    tls_key_file: str | None = Field(None, description="private key (PEM) of --tls-cert-file")
+    tls_client_ca_file: str | None = Field(None, description="require client certificates "
+                                           "signed by this CA bundle (mTLS)")
+    auth: str = Field("none", description="authentication: none, token, kubernetes or mtls")
+    auth_tokens_file: str | None = Field(None, description="--auth token: YAML/JSON file of "
+                                         "sha256 token hashes and principals; re-read when "
+                                         "it changes")
+    auth_k8s_issuer: str | None = Field(None, description="--auth kubernetes: required token "
+                                        "issuer (default: the one the operator publishes "
+                                        "with the keys)")
+    auth_k8s_audience: str = Field("agenttx", description="--auth kubernetes: required "
+                                   "token audience")
+    allow_unauthenticated: bool = Field(False, description="allow --auth none on a "
+                                        "non-loopback --listen address")
+    service_namespace: str = Field("", description="namespace the service runs in: its "
+                                   "policies apply to every principal")
+    max_open_transactions: int = Field(1000, ge=1, description="open transactions per "
+                                       "principal across the deployment")
+    max_requests_per_s: float = Field(0.0, ge=0, description="requests per second per "
+                                      "principal on this replica (0 = unlimited)")
+    effect_key_retention_s: int = Field(86400, ge=1, description="how long a delivered "
+                                        "idempotency key stays reserved")
+
+    # ---- observability (SPEC §10) ---------------------------------------------------------
+    metrics_listen: str = Field("", description="host:port for Prometheus /metrics "
+                                "(empty = off)")
+
     @field_validator("effect_channels", mode="before")
     @classmethod
     def _channels_json(cls, v: Any) -> Any:

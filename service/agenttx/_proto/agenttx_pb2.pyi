@@ -182,7 +182,7 @@ class GetTransactionRequest(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ...) -> None: ...
 
 class GetTransactionResponse(_message.Message):
-    __slots__ = ("transaction_id", "status", "next_step_id", "constraints", "global_resets", "context", "agent_id")
+    __slots__ = ("transaction_id", "status", "next_step_id", "constraints", "global_resets", "context", "agent_id", "principal", "created_at", "updated_at")
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NEXT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,9 @@ class GetTransactionResponse(_message.Message):
     GLOBAL_RESETS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     transaction_id: str
     status: TransactionStatus
     next_step_id: int
@@ -197,4 +200,45 @@ class GetTransactionResponse(_message.Message):
     global_resets: int
     context: _containers.RepeatedCompositeFieldContainer[ContextEntry]
     agent_id: str
-    def __init__(self, transaction_id: _Optional[str] = ..., status: _Optional[_Union[TransactionStatus, str]] = ..., next_step_id: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., global_resets: _Optional[int] = ..., context: _Optional[_Iterable[_Union[ContextEntry, _Mapping]]] = ..., agent_id: _Optional[str] = ...) -> None: ...
+    principal: str
+    created_at: float
+    updated_at: float
+    def __init__(self, transaction_id: _Optional[str] = ..., status: _Optional[_Union[TransactionStatus, str]] = ..., next_step_id: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., global_resets: _Optional[int] = ..., context: _Optional[_Iterable[_Union[ContextEntry, _Mapping]]] = ..., agent_id: _Optional[str] = ..., principal: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "status", "agent_id_prefix")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    status: TransactionStatus
+    agent_id_prefix: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., status: _Optional[_Union[TransactionStatus, str]] = ..., agent_id_prefix: _Optional[str] = ...) -> None: ...
+
+class TransactionSummary(_message.Message):
+    __slots__ = ("transaction_id", "status", "agent_id", "principal", "next_step_id", "created_at", "updated_at")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    status: TransactionStatus
+    agent_id: str
+    principal: str
+    next_step_id: int
+    created_at: float
+    updated_at: float
+    def __init__(self, transaction_id: _Optional[str] = ..., status: _Optional[_Union[TransactionStatus, str]] = ..., agent_id: _Optional[str] = ..., principal: _Optional[str] = ..., next_step_id: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("transactions", "next_page_token")
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[TransactionSummary]
+    next_page_token: str
+    def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

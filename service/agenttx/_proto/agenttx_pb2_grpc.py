@@ -59,6 +59,11 @@ class AgentTxServiceStub:
                 request_serializer=agenttx_dot_v1_dot_agenttx__pb2.GetTransactionRequest.SerializeToString,
                 response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.GetTransactionResponse.FromString,
                 _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/agenttx.v1.AgentTxService/ListTransactions',
+                request_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentTxServiceServicer:
@@ -99,6 +104,14 @@ class AgentTxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTransactions(self, request, context):
+        """Lists open transactions, a page at a time (admin principals only once
+        authentication is on; any loopback caller without it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentTxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +139,11 @@ def add_AgentTxServiceServicer_to_server(servicer, server):
                     servicer.GetTransaction,
                     request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.GetTransactionRequest.FromString,
                     response_serializer=agenttx_dot_v1_dot_agenttx__pb2.GetTransactionResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +281,33 @@ class AgentTxService:
             '/agenttx.v1.AgentTxService/GetTransaction',
             agenttx_dot_v1_dot_agenttx__pb2.GetTransactionRequest.SerializeToString,
             agenttx_dot_v1_dot_agenttx__pb2.GetTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agenttx.v1.AgentTxService/ListTransactions',
+            agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsRequest.SerializeToString,
+            agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,6 +9,7 @@
     <prefix>/outbox/<id>/<seq:06d>    committed, not yet delivered effects
     <prefix>/outcomes/<id>            how a transaction ended (short-lived, leased)
     <prefix>/policies/<ns>/<name>     published AgentTxPolicy (written by the operator)
+    <prefix>/auth/jwks                service-account issuer keys (written by the operator)
     <prefix>/replicas/<replica-id>    liveness of a service replica (leased)
     <prefix>/leader/<role>            leader election (dispatcher, reaper)
 
@@ -89,6 +90,13 @@ class Keys:
     # cluster
     def policies_prefix(self) -> bytes:
         return self._k("policies", "")
+
+    def policy(self, namespace: str, name: str) -> bytes:
+        return self._k("policies", namespace, name)
+
+    def auth_jwks(self) -> bytes:
+        """Service-account issuer keys, published by the operator (SPEC §9)."""
+        return self._k("auth", "jwks")
 
     def replica(self, replica_id: str) -> bytes:
         return self._k("replicas", replica_id)
