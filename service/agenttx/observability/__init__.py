@@ -1,0 +1,1 @@
+"""Metrics, traces and health: how an operator sees AgentTx (SPEC §10)."""
