@@ -34,3 +34,15 @@ class StoreError(AgentTxError):
 
 class StoreUnavailable(StoreError):
     """etcd could not be reached; nothing was written (or the write's fate was checked)."""
+
+
+class Unauthenticated(AgentTxError):
+    """Missing, invalid or expired credentials (SPEC §9); the message says only which."""
+
+
+class ResourceExhausted(AgentTxError):
+    """A per-principal quota was hit (SPEC §9); the message names the limit."""
+
+
+class PermissionDenied(AgentTxError):
+    """An authenticated principal asked for an admin-only operation (ListTransactions)."""

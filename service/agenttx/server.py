@@ -15,6 +15,7 @@ import os
 import pathlib
 import signal
 import socket
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,10 +24,12 @@ from .api.servicer import AgentTxServicer, add_to_server
 from .config import Settings
 from .effects.channels import ChannelRegistry
 from .effects.outbox import Dispatcher
+from .engine.engine import Engine
+from .engine.limits import RESPONSE_BYTES
 from .engine.policies import PolicyCache
 from .engine.policy import RollbackSettings
 from .engine.reaper import Reaper
-from .engine.transactions import Engine
+from .observability.metrics import METRICS
 from .store.client import Store, connect
 from .store.embedded import EmbeddedEtcd
 from .store.layout import Keys
@@ -35,6 +38,64 @@ from .tools.registry import ToolRegistry
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "agenttx.v1.AgentTxService"
+# Requests carry up to 1 MiB of arguments and 1 MiB of raw_context (SPEC §1); responses
+# are kept within gRPC's default client limit by the engine's budgets (engine.limits).
+MAX_RECEIVE_BYTES = RESPONSE_BYTES
+MAX_SEND_BYTES = RESPONSE_BYTES
+
+
+class ReadinessProbe:
+    """Health answers NOT_SERVING while this replica cannot reach etcd (SPEC §10), and
+    SERVING again once it can: a partitioned replica is taken out of the Service by its
+    readiness probe instead of failing every call. Checked every `interval_s`; two
+    failures in a row flip it (within ~2 intervals + the timeout of losing etcd)."""
+
+    def __init__(self, store: Store, health: health.aio.HealthServicer, *,
+                 interval_s: float = 2.0, timeout_s: float = 2.0) -> None:
+        self.store, self.health = store, health
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.serving: bool | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failures = 0
+
+    async def _set(self, serving: bool) -> None:
+        if self.serving is serving:
+            return
+        self.serving = serving
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+        log.log(logging.INFO if serving else logging.WARNING,
+                "readiness changed", extra={"serving": serving})
+
+    async def check(self) -> bool:
+        try:
+            await self.store.ping(self.timeout_s)
+        except Exception:
+            self._failures += 1
+            if self._failures >= 2 or self.serving is None:
+                await self._set(False)
+            return False
+        self._failures = 0
+        await self._set(True)
+        return True
+
+    async def _loop(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="readiness")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+
 class ReplicaPresence:
     """`<prefix>/replicas/<id>` on a lease, refreshed in the background."""
 
@@ -97,7 +158,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
     pathlib.Path(fs_root).mkdir(parents=True, exist_ok=True)
 
     policies = PolicyCache(store, keys, RollbackSettings(**settings.default_policy.model_dump()),
-                           settings.tx_idle_timeout_s)
+                           settings.tx_idle_timeout_s, settings.service_namespace)
     channels = ChannelRegistry.from_config(settings.effect_channels)
     dispatcher = Dispatcher(store, keys.prefix, channels, replica_id,
                             lease_ttl_s=settings.leader_ttl_s,
@@ -107,7 +168,10 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
                     resolve_policy=policies.resolve, default_fs_root=fs_root,
                     replica_id=replica_id, channel_names=channels.names,
                     max_txn_ops=settings.etcd_max_txn_ops,
-                    max_request_bytes=settings.etcd_max_request_bytes, dispatcher=dispatcher)
+                    max_request_bytes=settings.etcd_max_request_bytes, dispatcher=dispatcher,
+                    max_open_transactions=settings.max_open_transactions,
+                    effect_key_retention_s=settings.effect_key_retention_s)
+    METRICS.zero_initialise(engine.tools.names(), channels.names())
 
     presence = ReplicaPresence(store, keys, replica_id, settings.replica_ttl_s)
     try:
@@ -119,23 +183,27 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
     policies.start()
     presence.start()
     reaper = Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s,
-                    ttl_s=settings.leader_ttl_s)
+                    ttl_s=settings.leader_ttl_s,
+                    fs_roots=lambda: [fs_root, *policies.sandbox_roots()])
     background = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
                   asyncio.create_task(reaper.run(), name="reaper")]
 
     server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-        ("grpc.max_send_message_length", 4 * 1024 * 1024),
+        ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+        ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ])
     add_to_server(AgentTxServicer(engine), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    _add_reflection(server)
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise SystemExit(f"cannot listen on {settings.listen}")
+    readiness = ReadinessProbe(store, health_servicer)
+    await readiness.check()
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    readiness.start()
+    metrics_server = _start_metrics(settings.metrics_listen)
     log.info("agenttx serving", extra={"listen": settings.listen, "port": port,
                                         "replica": replica_id, "etcd": endpoints,
                                         "prefix": keys.prefix, "fs_root": fs_root})
@@ -152,6 +220,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
     await stop.wait()
 
     log.info("shutting down: draining in-flight RPCs", extra={"grace_s": settings.grace_period_s})
+    await readiness.stop()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(settings.grace_period_s)
@@ -162,11 +231,38 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
             await task
     await policies.stop()
     await presence.stop()
+    if metrics_server is not None:
+        metrics_server.shutdown()
     await store.close()
     if embedded is not None:
         await asyncio.to_thread(embedded.stop)
     log.info("stopped")
     return 0
+
+
+def _add_reflection(server: grpc.aio.Server) -> None:
+    """gRPC server reflection (SPEC §10): `grpcurl list` shows the service and health."""
+    from grpc_reflection.v1alpha import reflection
+
+    from ._proto import agenttx_pb2
+
+    names = (agenttx_pb2.DESCRIPTOR.services_by_name["AgentTxService"].full_name,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+
+
+def _start_metrics(listen: str) -> Any:
+    """Prometheus /metrics on `listen` (host:port) in a background thread, or None."""
+    if not listen:
+        return None
+    from prometheus_client import start_http_server
+
+    host, _, port = listen.rpartition(":")
+    server, _thread = start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0",
+                                        registry=METRICS.registry)
+    log.info("metrics serving", extra={"listen": listen})
+    return server
 
 
 def _dump_tasks() -> None:

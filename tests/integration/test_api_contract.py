@@ -27,8 +27,7 @@ MIB = 1024 * 1024
 
 
 async def _headers(store) -> int:
-    return sum(1 for kv in await store.get_prefix(KEYS.all_tx_prefix())
-               if kv.key.endswith(b"/header"))
+    return len(await store.get_prefix(KEYS.headers_prefix()))
 
 
 async def _step_keys(store, tx: str) -> list[bytes]:

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from agenttx._proto import agenttx_pb2 as pb
-from agenttx.engine.model import from_json
+from agenttx.engine.state import from_json
 from support.rpc import KEYS, expect_failure, output
 from support.service import Agent
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 
 from agenttx._proto import agenttx_pb2 as pb
-from agenttx.engine.model import from_json
+from agenttx.engine.state import from_json
 from support.rpc import KEYS, TIMEOUT_S, expect_error, expect_failure, get
 from support.service import Agent
 
@@ -128,7 +128,8 @@ async def test_commit_conflict_on_a_record_row(a, b, store, uniq):
         {"by": "second"}
 
 
-async def test_a_transaction_that_only_read_a_changed_key_still_commits(a, b, store, uniq):
+async def test_a_transaction_whose_read_changed_before_commit_is_aborted(a, b, store, uniq):
+    """Serializable (SPEC §2): a key the transaction only read is validated at commit too."""
     seed = Agent(a)
     seed.ok("kv.put", {"key": f"read-{uniq}", "value": "v1"})
     assert seed.commit().committed
@@ -138,10 +139,13 @@ async def test_a_transaction_that_only_read_a_changed_key_still_commits(a, b, st
     changer = Agent(b)
     changer.ok("kv.put", {"key": f"read-{uniq}", "value": "v2"})
     assert changer.commit().committed
-    commit = reader.commit()
-    assert (commit.committed, commit.steps_committed) == (True, 2)
-    assert await _value(store, f"out-{uniq}") == "v1"
+    err = expect_error(a.CommitTransaction, pb.CommitTransactionRequest(transaction_id=reader.tx),
+                       grpc.StatusCode.ABORTED, f'kv key "read-{uniq}"')
+    assert "compensated" in err.details()
+    assert await _value(store, f"out-{uniq}") is None  # nothing of the reader applied
     assert await _value(store, f"read-{uniq}") == "v2"
+    expect_error(a.GetTransaction, pb.GetTransactionRequest(transaction_id=reader.tx),
+                 NOT_FOUND)
 
 
 async def test_commit_writes_exactly_the_live_writes_and_removes_the_transaction(

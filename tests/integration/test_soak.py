@@ -126,18 +126,17 @@ async def test_soak_concurrent_agents_with_failures_and_kills(etcd, scratch, san
     store = connect(etcd.endpoints)
     keys = Keys(prefix)
     try:
-        for kv in await store.get_prefix(keys.all_tx_prefix()):
-            if kv.key.endswith(b"/header"):
-                tx = kv.key.decode().split("/")[-2]
-                stub = pick_stub(0)
-                for _ in range(40):
-                    try:
-                        stub.RollbackTransaction(pb.RollbackTransactionRequest(transaction_id=tx))
+        for kv in await store.get_prefix(keys.headers_prefix()):
+            tx = kv.key.decode().split("/")[-1]
+            stub = pick_stub(0)
+            for _ in range(40):
+                try:
+                    stub.RollbackTransaction(pb.RollbackTransactionRequest(transaction_id=tx))
+                    break
+                except grpc.RpcError as exc:
+                    if exc.code() == grpc.StatusCode.NOT_FOUND:
                         break
-                    except grpc.RpcError as exc:
-                        if exc.code() == grpc.StatusCode.NOT_FOUND:
-                            break
-                        time.sleep(0.5)
+                    time.sleep(0.5)
 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and set(webhook.keys()) < committed_effects:
@@ -161,8 +160,13 @@ async def test_soak_concurrent_agents_with_failures_and_kills(etcd, scratch, san
         leftovers = {p.name for p in root.iterdir()} - set(committed_files) - set(uncertain)
         assert leftovers == set(), leftovers
         # no orphans in etcd
-        assert await store.get_prefix(keys.all_tx_prefix()) == []
-        assert await store.get_prefix(f"{keys.prefix}/locks/".encode()) == []
+        for orphan in (keys.headers_prefix(), f"{keys.prefix}/tx/".encode(),
+                       keys.touch_prefix(), f"{keys.prefix}/open/".encode(),
+                       f"{keys.prefix}/locks/".encode()):
+            assert await store.get_prefix(orphan) == [], orphan
+        # what stays: idempotency keys of committed effects, on the retention lease
+        assert {kv.lease != 0 for kv in await store.get_prefix(keys.effect_keys_prefix())} \
+            <= {True}
         assert await store.get_prefix(keys.outbox_prefix()) == []
     finally:
         await store.close()

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from .._proto import agenttx_pb2 as pb
-from ..engine.model import CommitOutcome, RollbackOutcome, StepOutcome, TransactionView
+from ..engine.model import (
+    CommitOutcome,
+    RollbackOutcome,
+    StepOutcome,
+    TransactionPage,
+    TransactionView,
+)
 
 STEP_STATUS = {
     "SUCCESS": pb.STEP_STATUS_SUCCESS,
@@ -14,6 +20,14 @@ TX_STATUS = {
     "ACTIVE": pb.TRANSACTION_STATUS_ACTIVE,
     "AWAITING_ROLLBACK": pb.TRANSACTION_STATUS_AWAITING_ROLLBACK,
 }
+_STATUS_NAME = {v: k for k, v in TX_STATUS.items()}
+
+
+def status_name(status: int) -> str:
+    """A ListTransactions status filter: "" for any open status."""
+    if status == pb.TRANSACTION_STATUS_UNSPECIFIED:
+        return ""
+    return _STATUS_NAME.get(status, "ENDED")  # type: ignore[call-overload]  # never listed
 
 
 def step_response(o: StepOutcome) -> pb.ExecuteStepResponse:
@@ -55,4 +69,17 @@ def transaction_response(v: TransactionView) -> pb.GetTransactionResponse:
         agent_id=v.agent_id,
         context=[pb.ContextEntry(step_id=c.step_id, tool_name=c.tool_name,
                                  raw_context=c.raw_context) for c in v.context],
+        principal=v.principal,
+        created_at=v.created_at,
+        updated_at=v.updated_at,
     )
+
+
+def list_response(page: TransactionPage) -> pb.ListTransactionsResponse:
+    return pb.ListTransactionsResponse(
+        transactions=[pb.TransactionSummary(
+            transaction_id=t.transaction_id,
+            status=TX_STATUS.get(t.status, pb.TRANSACTION_STATUS_UNSPECIFIED),
+            agent_id=t.agent_id, principal=t.principal, next_step_id=t.next_step_id,
+            created_at=t.created_at, updated_at=t.updated_at) for t in page.transactions],
+        next_page_token=page.next_page_token)

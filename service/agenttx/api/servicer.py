@@ -19,9 +19,11 @@ from google.protobuf.message import DecodeError
 
 from .._proto import agenttx_pb2 as pb
 from .._proto import agenttx_pb2_grpc as pb_grpc
-from ..engine.transactions import Engine
+from ..engine.engine import Engine
+from ..engine.model import ANONYMOUS, Caller
 from ..errors import AgentTxError, InvalidArgument
-from ..store.client import ROUND_TRIPS
+from ..observability import context as rpc_context
+from ..observability.metrics import METRICS
 from . import convert, validation
 from .status import status_for
 
@@ -36,6 +38,7 @@ _MESSAGES: dict[str, tuple[Any, Any]] = {
     "CommitTransaction": (pb.CommitTransactionRequest, pb.CommitTransactionResponse),
     "RollbackTransaction": (pb.RollbackTransactionRequest, pb.RollbackTransactionResponse),
     "GetTransaction": (pb.GetTransactionRequest, pb.GetTransactionResponse),
+    "ListTransactions": (pb.ListTransactionsRequest, pb.ListTransactionsResponse),
 }
 
 
@@ -72,29 +75,37 @@ def add_to_server(servicer: AgentTxServicer, server: grpc.aio.Server) -> None:
 
 
 def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Translate errors in one place and write the RPC's ONE log line and metrics."""
+    name = method.__name__
+
     @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
-        trips = [0]
-        ROUND_TRIPS.set(trips)  # each RPC runs in its own task: a fresh context
+    async def wrapper(self: AgentTxServicer, request: Any,
+                      context: grpc.aio.ServicerContext) -> T:
+        record = rpc_context.begin_rpc()  # each RPC runs in its own task: a fresh context
         started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        error = details = ""
         try:
             if isinstance(request, _Unparsable):
                 raise InvalidArgument(f"request is not a valid {request.message_type}: "
                                       f"{request.reason}")
-            response = await method(self, request, context)
-            log.info("rpc", extra={"rpc": method.__name__, "code": "OK",
-                                   "ms": round((time.perf_counter() - started) * 1000, 2),
-                                   "etcd_round_trips": trips[0]})
-            return response
+            return await method(self, request, context)
         except AgentTxError as exc:
-            code = status_for(exc)
-            log.info("rpc refused", extra={"rpc": method.__name__, "code": code.name,
-                                           "error": str(exc)})
-            await context.abort(code, str(exc))
+            code, error = status_for(exc), str(exc)
+            details = error
         except Exception:
-            log.exception("internal error", extra={"rpc": method.__name__})
-            await context.abort(grpc.StatusCode.INTERNAL,
-                                f"agenttx: internal error in {method.__name__}; see service logs")
+            code, error = grpc.StatusCode.INTERNAL, "internal error"
+            details = f"agenttx: internal error in {name}; see service logs"
+            log.exception("internal error", extra={"rpc": name, **record.fields})
+        finally:
+            elapsed = time.perf_counter() - started
+            METRICS.rpc_duration.labels(name, code.name).observe(elapsed)
+            fields = {"rpc": name, "code": code.name, "ms": round(elapsed * 1000, 2),
+                      "etcd_round_trips": record.etcd_round_trips, **record.fields}
+            if error:
+                fields["error"] = error
+            log.info("rpc", extra=fields)
+        await context.abort(code, details)
         raise AssertionError("unreachable")  # context.abort always raises
 
     return wrapper
@@ -104,6 +115,10 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
+    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        """Who is calling; authentication (SPEC §9) decides when it is on."""
+        return ANONYMOUS
+
     @_guard
     async def BeginTransaction(self, request: pb.BeginTransactionRequest,  # noqa: N802
                                context: grpc.aio.ServicerContext) -> pb.BeginTransactionResponse:
@@ -111,7 +126,7 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
             request.agent_id, dict(request.metadata),
             request.policy if request.HasField("policy") else None)
         tx_id, next_step = await self.engine.begin(request.agent_id, dict(request.metadata),
-                                                   overrides)
+                                                   overrides, self.caller(context))
         return pb.BeginTransactionResponse(transaction_id=tx_id, next_step_id=next_step)
 
     @_guard
@@ -122,14 +137,15 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
                         request.raw_context)
         tx_id = validation.known_transaction_id(tx_id)
         outcome = await self.engine.execute(tx_id, request.step_id, request.tool_name,
-                                            request.arguments_json, request.raw_context)
+                                            request.arguments_json, request.raw_context,
+                                            self.caller(context))
         return convert.step_response(outcome)
 
     @_guard
     async def CommitTransaction(self, request: pb.CommitTransactionRequest,  # noqa: N802
                                 context: grpc.aio.ServicerContext) -> pb.CommitTransactionResponse:
         tx_id = validation.known_transaction_id(validation.transaction_id(request.transaction_id))
-        return convert.commit_response(await self.engine.commit(tx_id))
+        return convert.commit_response(await self.engine.commit(tx_id, self.caller(context)))
 
     @_guard
     async def RollbackTransaction(self, request: pb.RollbackTransactionRequest,  # noqa: N802
@@ -137,11 +153,23 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
                                   ) -> pb.RollbackTransactionResponse:
         tx_id = validation.known_transaction_id(validation.transaction_id(request.transaction_id))
         to_step = request.to_step if request.HasField("to_step") else None
-        outcome = await self.engine.rollback(tx_id, to_step, request.reason)
+        outcome = await self.engine.rollback(tx_id, to_step, request.reason, self.caller(context))
         return convert.rollback_response(outcome)
 
     @_guard
     async def GetTransaction(self, request: pb.GetTransactionRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> pb.GetTransactionResponse:
         tx_id = validation.known_transaction_id(validation.transaction_id(request.transaction_id))
-        return convert.transaction_response(await self.engine.get(tx_id))
+        return convert.transaction_response(await self.engine.get(tx_id, self.caller(context)))
+
+    @_guard
+    async def ListTransactions(self, request: pb.ListTransactionsRequest,  # noqa: N802
+                               context: grpc.aio.ServicerContext) -> pb.ListTransactionsResponse:
+        caller = self.caller(context)
+        validation.may_list(caller)
+        page = await self.engine.list(
+            caller, page_size=request.page_size,
+            page_token=validation.page_token(request.page_token),
+            status=convert.status_name(request.status),
+            agent_id_prefix=request.agent_id_prefix)
+        return convert.list_response(page)

@@ -10,7 +10,8 @@ import math
 import uuid
 from typing import Any
 
-from ..errors import InvalidArgument, NotFound
+from ..engine.model import Caller
+from ..errors import InvalidArgument, NotFound, PermissionDenied
 
 MAX_AGENT_ID_BYTES = 256
 MAX_METADATA_ENTRIES = 64
@@ -82,3 +83,19 @@ def step(step_id: int, tool_name: str, arguments_json: str, raw_context: str) ->
     if _bytes(raw_context) > MAX_DOCUMENT_BYTES:
         raise InvalidArgument(f"raw_context is {_bytes(raw_context)} bytes; the limit is "
                               f"{MAX_DOCUMENT_BYTES} (1 MiB)")
+
+
+def may_list(caller: Caller) -> None:
+    """ListTransactions is for admin principals once authentication is on (SPEC §10)."""
+    if caller.authenticated and not caller.admin:
+        raise PermissionDenied("ListTransactions needs the admin role")
+
+
+def page_token(token: str) -> str:
+    """Page tokens are the last transaction id of the previous page."""
+    if not token:
+        return ""
+    try:
+        return str(uuid.UUID(token))
+    except ValueError:
+        raise InvalidArgument("page_token is not a token this service handed out") from None

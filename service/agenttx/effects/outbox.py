@@ -22,10 +22,17 @@ Guarantees and their price:
 
 * A confirmed delivery is followed by a delete guarded by the claim's mod_revision; once
   that delete is acknowledged the entry does not exist, so nobody can send it again.
-* A crash (or lost etcd) between "receiver confirmed" and "delete acknowledged" leaves a
-  claimed entry that is redelivered after the claim expires, with the same idempotency
-  key: at-least-once, the receiver dedupes. This window cannot be closed without the
-  receiver's cooperation; it is kept to one etcd round trip.
+* Lost etcd between "receiver confirmed" and "delete acknowledged" does not cause a
+  re-send: the confirming replica keeps the entry in its `confirmed` set, never delivers
+  it again, and retires it as soon as etcd answers (first thing in every loop pass, on
+  every replica, leader or not). Meanwhile the leader leaves entries claimed by another
+  replica alone for `recovery_grace_s` after any etcd error of its own, so the claimer
+  retires them before their claims are considered expired.
+* The one residual window: the confirming replica dies after the receiver confirmed and
+  before the delete is acknowledged. Its claim then expires and the entry is delivered
+  again with the same idempotency key: at-least-once, the receiver dedupes. This window
+  cannot be closed without the receiver's cooperation; it is kept to one etcd round
+  trip (plus the outage, if etcd is unreachable at that moment).
 * Claims and reschedules made by the background loop carry the leader-lease fence
   (store.lease), so a paused ex-leader cannot start sending after another replica took
   over. The post-delivery delete deliberately carries only the claim's mod_revision:
@@ -56,7 +63,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import StoreError, StoreUnavailable
-from ..store.client import KeyValue, ReadResult, Store, cmp_mod, op_delete, op_put
+from ..observability.metrics import METRICS
+from ..store.client import KeyValue, Store, cmp_mod, op_delete, op_put
 from ..store.layout import Keys
 from ..store.lease import LeaderLease, NotLeader
 from .channels import ChannelRegistry, DeliveryError, Effect
@@ -152,7 +160,8 @@ class Dispatcher:
     def __init__(self, store: Store, prefix: str, registry: ChannelRegistry, replica_id: str,
                  *, lease_ttl_s: int = 10, poll_interval_s: float = 1.0,
                  base_backoff_s: float = 0.5, max_backoff_s: float = 60.0,
-                 claim_s: float = 30.0, delivery_timeout_s: float | None = None) -> None:
+                 claim_s: float = 30.0, delivery_timeout_s: float | None = None,
+                 recovery_grace_s: float | None = None) -> None:
         self.store = store
         self.prefix = Keys(prefix).prefix
         self.registry = registry
@@ -167,7 +176,14 @@ class Dispatcher:
         self.delivery_timeout_s = delivery_timeout_s if delivery_timeout_s else claim_s / 2
         if self.delivery_timeout_s >= claim_s:
             raise ValueError("delivery_timeout_s must be shorter than claim_s")
-        self.lease = LeaderLease(store, leader_key(self.prefix), replica_id, lease_ttl_s)
+        self.lease = LeaderLease(store, leader_key(self.prefix), replica_id, lease_ttl_s,
+                                 role="dispatcher")
+        # Delivered and confirmed, but the outbox entry could not be deleted yet (etcd
+        # unreachable): key -> claim revision. Never delivered again from here.
+        self.confirmed: dict[bytes, int] = {}
+        self.recovery_grace_s = recovery_grace_s if recovery_grace_s is not None else \
+            max(5.0, 5 * poll_interval_s)
+        self._etcd_error_at = 0.0
         # Test hook: awaited after a confirmed delivery and before the entry is deleted
         # (lets a test "crash" the dispatcher inside the redelivery window).
         self.after_delivery: Callable[[bytes, dict[str, Any]], Awaitable[None]] | None = None
@@ -195,21 +211,24 @@ class Dispatcher:
             return 0, []
         keys = [k for k, _ in entries]
         if values is not None and all(k in values for k in keys):
-            got = ReadResult(0, {k: KeyValue(k, values[k], rev, rev, 0) for k, rev in entries}, {})
+            got: dict[bytes, KeyValue | None] = {
+                k: KeyValue(k, values[k], rev, rev, 0) for k, rev in entries}
             return await self._deliver_read(entries, got)
         try:
-            got = await self.store.read(keys, what="outbox read")
+            got = await self.store.get_many(keys, what="outbox read")
         except StoreError as exc:
             log.warning("outbox read failed after commit", extra={"error": str(exc)})
             return 0, [f"{k.decode(errors='replace')}: {exc}; left for background retry"
                        for k in keys]
         return await self._deliver_read(entries, got)
 
-    async def _deliver_read(self, entries: list[tuple[bytes, int]], got: ReadResult
-                            ) -> tuple[int, list[str]]:
+    async def _deliver_read(self, entries: list[tuple[bytes, int]],
+                            got: dict[bytes, KeyValue | None]) -> tuple[int, list[str]]:
         delivered, errors = 0, []
         for key, rev in sorted(entries):
-            kv = got.single.get(key)
+            if key in self.confirmed:
+                continue
+            kv = got.get(key)
             if kv is None:
                 continue  # already delivered and removed elsewhere
             entry = _decode(kv)
@@ -244,6 +263,7 @@ class Dispatcher:
             while True:
                 busy = False
                 try:
+                    await self.retire_confirmed()
                     if not self.lease.is_leader and await self.lease.campaign():
                         log.info("outbox dispatcher leading", extra={"replica": self.replica_id})
                     if self.lease.is_leader:
@@ -252,6 +272,7 @@ class Dispatcher:
                     log.warning("outbox dispatcher stopped acting",
                                 extra={"replica": self.replica_id, "error": str(exc)})
                 except StoreError as exc:
+                    self._etcd_error_at = time.monotonic()
                     log.warning("outbox dispatcher etcd error",
                                 extra={"replica": self.replica_id, "error": str(exc)})
                 except Exception:  # a bug: keep the loop alive, but loudly
@@ -266,28 +287,57 @@ class Dispatcher:
                 await self.lease.resign()
             log.info("outbox dispatcher stopped", extra={"replica": self.replica_id})
 
+    async def retire_confirmed(self) -> int:
+        """Delete the entries of deliveries this replica confirmed but could not retire
+        (etcd was unreachable). The outbox key names one committed effect forever, and
+        that effect was delivered, so the delete needs no compare. Returns how many."""
+        retired = 0
+        for key in list(self.confirmed):
+            try:
+                await self.store.txn([], [op_delete(key)], what="outbox retire")
+            except StoreError:
+                self._etcd_error_at = time.monotonic()
+                return retired
+            self.confirmed.pop(key, None)
+            retired += 1
+            log.info("retired a delivered effect after etcd returned",
+                     extra={"key": key.decode(errors="replace"), "replica": self.replica_id})
+        return retired
+
     async def _sweep(self) -> bool:
-        """One pass over the outbox. True if anything was attempted."""
-        kvs = await self.store.get_prefix(outbox_prefix(self.prefix))
+        """One pass over the outbox, a page at a time. True if anything was attempted."""
         now = time.time()
         attempted = False
-        for kv in kvs:
-            if not self.lease.is_leader:
-                break
-            entry = _decode(kv)
-            if entry is None or not _is_due(entry, now):
-                continue
-            claimed = {**entry, "claimed_by": self.replica_id,
-                       "claim_until": time.time() + self.claim_s}
-            res = await self.lease.fenced_txn(
-                [cmp_mod(kv.key, kv.mod_revision)], [op_put(kv.key, _encode(claimed))],
-                what="outbox claim",
-            )
-            if not res.succeeded:
-                continue  # changed under us (delivered at commit time, or rescheduled)
-            attempted = True
-            await self._attempt(kv.key, res.revision, claimed, fenced=self.lease)
+        depth, oldest = 0, 0.0
+        recovering = time.monotonic() - self._etcd_error_at < self.recovery_grace_s
+        async for page in self.store.pages(outbox_prefix(self.prefix), what="outbox scan"):
+            for kv in page:
+                if not self.lease.is_leader:
+                    return attempted
+                entry = _decode(kv)
+                depth += 1
+                if entry is not None:
+                    oldest = max(oldest, now - float(entry.get("created_at") or now))
+                if entry is None or kv.key in self.confirmed or not _is_due(entry, now):
+                    continue
+                if recovering and entry.get("claimed_by") not in (None, self.replica_id):
+                    continue  # its claimer may hold a confirmed delivery: let it retire first
+                attempted |= await self._claim_and_attempt(kv, entry)
+        METRICS.outbox_depth.set(depth)
+        METRICS.outbox_oldest_age.set(oldest)
         return attempted
+
+    async def _claim_and_attempt(self, kv: KeyValue, entry: dict[str, Any]) -> bool:
+        claimed = {**entry, "claimed_by": self.replica_id,
+                   "claim_until": time.time() + self.claim_s}
+        res = await self.lease.fenced_txn(
+            [cmp_mod(kv.key, kv.mod_revision)], [op_put(kv.key, _encode(claimed))],
+            what="outbox claim",
+        )
+        if not res.succeeded:
+            return False  # changed under us (delivered at commit time, or rescheduled)
+        await self._attempt(kv.key, res.revision, claimed, fenced=self.lease)
+        return True
 
     # ---- one delivery ------------------------------------------------------------------
 
@@ -297,6 +347,8 @@ class Dispatcher:
         Returns (delivered, error-for-the-caller)."""
         effect = _effect(entry)
         started = time.monotonic()
+        label = effect.channel if self.registry.has(effect.channel) else "unknown"
+        METRICS.delivery_attempts.labels(label).inc()
         try:
             await asyncio.wait_for(self.registry.deliver(effect), self.delivery_timeout_s)
         except DeliveryError as exc:
@@ -311,12 +363,16 @@ class Dispatcher:
                 "channel": effect.channel, "idempotency_key": effect.idempotency_key,
                 "tx": effect.transaction_id, "attempts": int(entry.get("attempts", 0)) + 1,
                 "ms": int((time.monotonic() - started) * 1000), "replica": self.replica_id})
+            METRICS.deliveries.labels(label, "delivered").inc()
             if self.after_delivery is not None:
                 await self.after_delivery(key, entry)
             removed = await self._remove_delivered(key, rev)
+            if not removed:
+                self.confirmed[key] = rev
             return True, (None if removed else
-                          "delivered, but its outbox entry could not be removed; it may be "
-                          "delivered again with the same idempotency key")
+                          "delivered; its outbox entry is retired once etcd answers (this "
+                          "replica never sends it again)")
+        METRICS.deliveries.labels(label, "failed").inc()
         return False, await self._reschedule(key, rev, entry, reason, fenced)
 
     async def _remove_delivered(self, key: bytes, rev: int) -> bool:
@@ -338,7 +394,7 @@ class Dispatcher:
                 return True
             # Not ours any more. If it is already gone, someone removed it: fine.
             try:
-                return await self.store.get(key) is None
+                return await self.store.get(key, what="outbox read") is None
             except StoreError:
                 return False
         return False

@@ -1,29 +1,24 @@
-"""Plain data the engine keeps in etcd (as JSON) and hands to the API layer.
-
-The transaction header is the compare-and-swap anchor: every state change rewrites it
-guarded by its mod_revision, in the same etcd transaction as the step records it
-touches. Step records hold what a live step did: its output (for references), its
-raw_context (for the context log), its buffered writes, staged effects and fs undo image.
-"""
+"""Plain data the engine takes from and hands to the API layer (no grpc types)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from .planner import Strategy
 
-ACTIVE = "ACTIVE"
-AWAITING_ROLLBACK = "AWAITING_ROLLBACK"
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling (SPEC §9): the authenticated principal, or the anonymous one when
+    authentication is off ("" for everyone: ownership then holds trivially)."""
+
+    principal: str = ""
+    namespace: str | None = None
+    admin: bool = False
+    authenticated: bool = False
 
 
-def to_json(doc: Any) -> bytes:
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-def from_json(raw: bytes) -> Any:
-    return json.loads(raw)
+ANONYMOUS = Caller()
 
 
 @dataclass
@@ -74,3 +69,23 @@ class TransactionView:
     global_resets: int
     agent_id: str
     context: list[ContextItem]
+    principal: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+@dataclass
+class TransactionSummary:
+    transaction_id: str
+    status: str
+    agent_id: str
+    principal: str
+    next_step_id: int
+    created_at: float
+    updated_at: float
+
+
+@dataclass
+class TransactionPage:
+    transactions: list[TransactionSummary]
+    next_page_token: str

@@ -13,8 +13,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..store.client import Store
+from ..store.client import Store, op_get_prefix
 from ..store.layout import Keys
+from .model import ANONYMOUS, Caller
 from .policy import (
     EffectivePolicy,
     PublishedPolicy,
@@ -29,11 +30,12 @@ log = logging.getLogger(__name__)
 
 class PolicyCache:
     def __init__(self, store: Store, keys: Keys, defaults: RollbackSettings,
-                 default_idle_timeout_s: int) -> None:
+                 default_idle_timeout_s: int, service_namespace: str = "") -> None:
         self.store = store
         self.keys = keys
         self.defaults = defaults
         self.default_idle_timeout_s = default_idle_timeout_s
+        self.service_namespace = service_namespace
         self.policies: dict[bytes, PublishedPolicy] = {}
         self.revision = 0
         self._task: asyncio.Task[None] | None = None
@@ -54,9 +56,9 @@ class PolicyCache:
 
     async def load(self) -> None:
         prefix = self.keys.policies_prefix()
-        res = await self.store.read(prefixes=[prefix], what="load policies")
+        res = await self.store.read([op_get_prefix(prefix)], what="policy load")
         self.policies.clear()
-        for kv in res.ranges[prefix]:
+        for kv in res.kvs(0):
             self._apply(kv.key, kv.value)
         self.revision = res.revision
         self.ready.set()
@@ -68,6 +70,7 @@ class PolicyCache:
             try:
                 if not self.ready.is_set():
                     await self.load()
+                await self.store.client.connect()
                 watch = await self.store.client.watch_prefix(
                     prefix, start_revision=self.revision + 1)
                 backoff = 0.5
@@ -93,6 +96,20 @@ class PolicyCache:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
 
+    def in_scope(self, caller: Caller) -> list[PublishedPolicy]:
+        """SPEC §9 policy scope: with authentication on, a principal gets the policies
+        (and sandboxes) of its own namespace plus the service namespace's, never another
+        namespace's, whatever agent_id it chooses. Without authentication: all."""
+        if not caller.authenticated:
+            return list(self.policies.values())
+        allowed = {self.service_namespace} if self.service_namespace else set()
+        if caller.namespace:
+            allowed.add(caller.namespace)
+        return [p for p in self.policies.values() if p.namespace in allowed]
+
+    def sandbox_roots(self) -> list[str]:
+        return [p.sandbox_path for p in self.policies.values() if p.sandbox_path]
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="policy-watch")
 
@@ -103,8 +120,8 @@ class PolicyCache:
                 await self._task
 
     def resolve(self, agent_id: str, metadata: Mapping[str, str],
-                overrides: dict[str, Any]) -> EffectivePolicy:
-        chosen = select_policy(self.policies.values(), agent_id, metadata)
+                overrides: dict[str, Any], caller: Caller = ANONYMOUS) -> EffectivePolicy:
+        chosen = select_policy(self.in_scope(caller), agent_id, metadata)
         return resolve_policy(
             defaults=self.defaults, default_idle_timeout_s=self.default_idle_timeout_s,
             published=chosen,

@@ -1,36 +1,55 @@
-"""Abort and compensate transactions idle longer than their idle timeout.
+"""Abort and compensate transactions idle longer than their idle timeout; sweep stray
+fs temp files; report how many transactions are open.
 
 Runs on exactly one replica at a time: the holder of `<prefix>/leader/reaper` (an etcd
 lease). A lease is not mutual exclusion (a paused ex-holder may wake up), so every
 write the reaper makes carries the lease's fence compares in the same etcd
 transaction; a replica that loses the lease stops acting before campaigning again.
 When the holder dies, another replica takes over within the lease TTL.
+
+The sweep reads transaction headers only, a page at a time (SPEC §2): its cost does not
+depend on how much data open transactions hold.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
+from collections.abc import Callable, Iterable
 
+from ..observability.metrics import METRICS
 from ..store.client import Store
 from ..store.layout import Keys
 from ..store.lease import LeaderLease, NotLeader
-from .model import from_json
-from .transactions import Engine
+from . import sandbox
+from .engine import Engine
+from .state import AWAITING_ROLLBACK, decode_header
 
 log = logging.getLogger(__name__)
+
+# A temp file older than this whose step is not pending in etcd is a leftover (a replica
+# died between writing it and its step's CAS, or the CAS never applied): removed.
+TEMP_MIN_AGE_S = 300.0
 
 
 class Reaper:
     def __init__(self, engine: Engine, store: Store, keys: Keys, replica_id: str,
                  default_idle_timeout_s: int, *, ttl_s: int = 10,
-                 interval_s: float | None = None) -> None:
+                 interval_s: float | None = None,
+                 fs_roots: Callable[[], Iterable[str]] = lambda: (),
+                 temp_sweep_s: float = 600.0) -> None:
         self.engine, self.store, self.keys = engine, store, keys
         self.default_idle_timeout_s = default_idle_timeout_s
-        self.lease = LeaderLease(store, keys.leader("reaper"), replica_id, ttl_s=ttl_s)
+        self.lease = LeaderLease(store, keys.leader("reaper"), replica_id, ttl_s=ttl_s,
+                                 role="reaper")
         self.interval_s = interval_s if interval_s is not None else min(
             5.0, max(0.2, default_idle_timeout_s / 10))
+        self.fs_roots = fs_roots
+        self.temp_sweep_s = temp_sweep_s
+        self._last_temp_sweep = 0.0
 
     async def run(self) -> None:
         try:
@@ -38,6 +57,12 @@ class Reaper:
                 try:
                     if await self.lease.campaign():
                         await self.sweep()
+                        if time.monotonic() - self._last_temp_sweep > self.temp_sweep_s:
+                            self._last_temp_sweep = time.monotonic()
+                            await self.sweep_temp_files()
+                    else:
+                        METRICS.open_transactions.set(0)
+                        METRICS.awaiting_rollback.set(0)
                 except asyncio.CancelledError:
                     raise
                 except NotLeader:
@@ -49,29 +74,75 @@ class Reaper:
             await self.lease.resign()
 
     async def sweep(self) -> int:
-        """One pass over all transactions; returns how many were expired."""
-        prefix = self.keys.all_tx_prefix()
-        res = await self.store.read(prefixes=[prefix], what="reaper scan")
-        headers: dict[str, tuple[dict, int]] = {}
-        touched: dict[str, float] = {}
-        for kv in res.ranges[prefix]:
-            parts = kv.key[len(prefix):].decode().split("/")
-            if len(parts) == 2 and parts[1] == "header":
-                headers[parts[0]] = (from_json(kv.value), kv.mod_revision)
-            elif len(parts) == 2 and parts[1] == "touch":
-                try:
-                    touched[parts[0]] = float(kv.value.decode())
-                except ValueError:
-                    pass
+        """One pass over the transaction headers; returns how many were expired."""
         now = time.time()
-        expired = 0
-        for tx_id, (header, rev) in headers.items():
-            timeout = header.get("policy", {}).get("idle_timeout_s") or self.default_idle_timeout_s
-            last = max(header.get("updated_at", 0.0), touched.get(tx_id, 0.0))
-            if now - last < timeout:
+        expired = opened = awaiting = 0
+        timeout: float
+        async for page in self.store.pages(self.keys.headers_prefix(), what="reaper scan"):
+            idle: list[tuple[str, int, float]] = []
+            for kv in page:
+                header = decode_header(kv.value)
+                opened += 1
+                awaiting += header.status == AWAITING_ROLLBACK
+                timeout = header.policy.idle_timeout_s or self.default_idle_timeout_s
+                if now - header.updated_at >= timeout:
+                    idle.append((header.id, kv.mod_revision, timeout))
+            if not idle:
                 continue
-            if not self.lease.is_leader:
-                raise NotLeader("reaper term ended mid-sweep")
-            if await self.engine.expire(tx_id, rev, self.lease.fence):
-                expired += 1
+            touched = await self.store.get_many([self.keys.tx_touch(t) for t, _, _ in idle],
+                                                what="reaper touch")
+            for tx_id, rev, timeout in idle:
+                mark = touched.get(self.keys.tx_touch(tx_id))
+                with contextlib.suppress(ValueError):
+                    if mark is not None and now - float(mark.value.decode()) < timeout:
+                        continue
+                if not self.lease.is_leader:
+                    raise NotLeader("reaper term ended mid-sweep")
+                if await self.engine.expire(tx_id, rev, self.lease.fence):
+                    expired += 1
+                    opened -= 1
+        METRICS.open_transactions.set(opened)
+        METRICS.awaiting_rollback.set(awaiting)
         return expired
+
+    async def sweep_temp_files(self) -> int:
+        """Remove fs.write temp files whose step is gone (SPEC §3: no stray files). A
+        temp file names its transaction, step and attempt; it is still needed only while
+        that transaction's header marks exactly that write as pending."""
+        removed = 0
+        for root in dict.fromkeys(self.fs_roots()):
+            found = await asyncio.to_thread(_temp_files, root, time.time() - TEMP_MIN_AGE_S)
+            if not found:
+                continue
+            headers = await self.store.get_many(
+                {self.keys.tx_header(tx) for _, (tx, _, _) in found}, what="temp sweep")
+            for path, (tx, step, attempt) in found:
+                kv = headers.get(self.keys.tx_header(tx))
+                pending = decode_header(kv.value).fs_pending if kv is not None else None
+                if pending is not None and (pending.step_id, pending.attempt) == (step, attempt):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    await asyncio.to_thread(os.unlink, path)
+                    removed += 1
+        if removed:
+            log.info("removed stray fs temp files", extra={"count": removed})
+        return removed
+
+
+def _temp_files(root: str, older_than: float) -> list[tuple[str, tuple[str, int, str]]]:
+    out: list[tuple[str, tuple[str, int, str]]] = []
+    if not os.path.isdir(root):
+        return out
+    for directory, _, files in os.walk(root):
+        for name in files:
+            parsed = sandbox.parse_temp(name)
+            if parsed is None:
+                continue
+            path = os.path.join(directory, name)
+            try:
+                if os.stat(path).st_mtime > older_than:
+                    continue
+            except FileNotFoundError:
+                continue
+            out.append((path, parsed))
+    return out

@@ -5,6 +5,9 @@ file), so it is undone by compensation rather than by dropping a buffer. Everyth
 must keep two promises: nothing is ever written outside the root (absolute paths, `..`,
 NUL bytes and symlinks leading out are refused before any write), and a write is
 atomic (temp file in the same directory + fsync + rename + directory fsync).
+
+The functions are blocking (disk I/O, fsync); the engine calls them through
+`asyncio.to_thread` so the replica's event loop never waits on a disk.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import errno
 import hashlib
 import os
 import pathlib
+import re
 import secrets
 
 from ..tools.base import ToolError
@@ -88,20 +92,33 @@ def read_state(target: pathlib.Path, path: str) -> bytes | None:
         raise _os_error(exc, path) from None
 
 
-def temp_name(target: pathlib.Path, tx_id: str, step_id: int) -> pathlib.Path:
+TEMP_PATTERN = re.compile(r"\.agenttx-([0-9a-f-]{36})-(\d+)-([0-9a-f]{12})\.tmp$")
+
+
+def temp_name(target: pathlib.Path, tx_id: str, step_id: int, attempt: str) -> pathlib.Path:
     """Unique per attempt: two replicas (or two requests) racing on the same step each
     write their own temp file, so the loser discarding its file can never remove, or
-    overwrite, the bytes the winner is about to rename into place. The name is recorded
-    in the step record; its prefix (`.<name>.agenttx-<tx>-<step>-`) stays predictable so
-    a leftover from a crash before the step's CAS can be found by pattern."""
-    return target.with_name(f"{_hidden_base(target)}.agenttx-{tx_id[:8]}-{step_id}-"
-                            f"{secrets.token_hex(6)}.tmp")
+    overwrite, the bytes the winner is about to rename into place. The name carries the
+    transaction, step and attempt (`.<name>.agenttx-<tx>-<step>-<attempt>.tmp`), so a
+    leftover from a crash can be matched to its step and swept (`parse_temp`)."""
+    return target.with_name(f"{_hidden_base(target)}.agenttx-{tx_id}-{step_id}-"
+                            f"{attempt}.tmp")
+
+
+def parse_temp(name: str) -> tuple[str, int, str] | None:
+    """(transaction id, step id, attempt) of a temp file name, or None."""
+    m = TEMP_PATTERN.search(name)
+    return (m.group(1), int(m.group(2)), m.group(3)) if m else None
+
+
+def new_attempt() -> str:
+    return secrets.token_hex(6)
 
 
 def _hidden_base(target: pathlib.Path) -> str:
     """`.<name>`, or `.<hash of name>` when a long name would push a sibling temp file
     past NAME_MAX (a 255-byte file name is valid; its temp file must be too)."""
-    if len(target.name.encode("utf-8", "surrogateescape")) <= NAME_MAX - 64:
+    if len(target.name.encode("utf-8", "surrogateescape")) <= NAME_MAX - 96:
         return f".{target.name}"
     return "." + hashlib.sha256(target.name.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 

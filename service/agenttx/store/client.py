@@ -1,47 +1,50 @@
-"""The one gateway to etcd: connection, batched reads and compare-and-swap writes.
+"""The one gateway to etcd: connection, typed reads and compare-and-swap writes.
 
 Why its own layer: aetcd 1.0 connects to a single host and drops the response header
 of a Txn, but the engine needs (a) every configured endpoint so a cluster keeps
 serving with a member down, (b) the revision a write produced, and (c) several keys
 read at one revision in a single round trip. So we build the channel ourselves and
-speak raw `etcdserverpb` Txn messages through aetcd's stubs.
+speak raw `etcdserverpb` Txn messages through aetcd's stubs — here and nowhere else:
+callers build typed operations (`Put`, `Delete`, `Get`, `Compare`; the `op_*` / `cmp_*`
+constructors) and get typed results (`KeyValue`, `TxnResult`), so the engine never sees
+a protobuf message.
 
 What it must never do: retry a compare-and-swap on its own. A timed-out CAS may or may
-not have applied; the caller re-reads and decides (see engine.transactions).
+not have applied; the caller re-reads and decides (see engine/).
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import pathlib
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import aetcd
 import grpc
 from aetcd import rpc
 
 from ..errors import StoreError, StoreUnavailable
+from ..observability.context import count_round_trip
 
 log = logging.getLogger(__name__)
-
-# Counts etcd round trips made on behalf of the current RPC (set by api.servicer), so the
-# per-RPC budget documented in engine/transactions.py is observable in the access log.
-ROUND_TRIPS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
-    "agenttx_etcd_round_trips", default=None)
 
 # Large enough for a step record (1 MiB arguments + 1 MiB context + an undo image);
 # matches the --max-request-bytes we give an embedded etcd (store.embedded).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Keys per page when a prefix is read in pages (SPEC §2: never one unbounded range).
+PAGE_SIZE = 256
 
 
 def prefix_end(prefix: bytes) -> bytes:
     return aetcd.utils.prefix_range_end(prefix)
 
 
-@dataclass(frozen=True)
+# ---- typed results -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
 class KeyValue:
     key: bytes
     value: bytes
@@ -50,65 +53,148 @@ class KeyValue:
     lease: int
 
 
-@dataclass(frozen=True)
-class ReadResult:
-    """Keys read in one round trip at one revision."""
-
-    revision: int
-    single: dict[bytes, KeyValue | None]
-    ranges: dict[bytes, list[KeyValue]]
-
-    def mod_revision(self, key: bytes) -> int:
-        kv = self.single.get(key)
-        return kv.mod_revision if kv else 0
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TxnResult:
+    """One etcd transaction's outcome. `results[i]` answers the i-th operation of the
+    branch that ran: the key-values of a `Get` (a list), None for writes."""
+
     succeeded: bool
     revision: int
-    responses: list[Any]
+    results: list[list[KeyValue] | None]
+
+    def kvs(self, index: int) -> list[KeyValue]:
+        found = self.results[index] if index < len(self.results) else None
+        return found or []
+
+    def first(self, index: int) -> KeyValue | None:
+        found = self.kvs(index)
+        return found[0] if found else None
 
 
-# ---- operations (thin constructors over etcdserverpb messages) ---------------------
+# ---- typed operations ----------------------------------------------------------------
 
-def op_put(key: bytes, value: bytes, lease: int = 0) -> Any:
-    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
-
-
-def op_delete(key: bytes) -> Any:
-    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
-
-
-def op_delete_prefix(prefix: bytes) -> Any:
-    return rpc.RequestOp(
-        request_delete_range=rpc.DeleteRangeRequest(key=prefix, range_end=prefix_end(prefix))
-    )
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: bytes
+    value: bytes
+    lease: int = 0
 
 
-def op_get(key: bytes) -> Any:
-    return rpc.RequestOp(request_range=rpc.RangeRequest(key=key))
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete `key`, or every key in [key, range_end) when range_end is set."""
+
+    key: bytes
+    range_end: bytes = b""
 
 
-def op_get_prefix(prefix: bytes) -> Any:
-    return rpc.RequestOp(request_range=rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix)))
+@dataclass(frozen=True, slots=True)
+class Get:
+    """Read `key`, or [key, range_end) (at most `limit` keys when limit > 0)."""
+
+    key: bytes
+    range_end: bytes = b""
+    limit: int = 0
 
 
-def cmp_mod(key: bytes, mod_revision: int) -> Any:
+Op = Put | Delete | Get
+
+Target = Literal["mod", "create", "value", "lease"]
+Relation = Literal["==", "!=", "<", ">"]
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """`key`'s `target` `relation` `operand`. etcd compares an absent key as all zeros:
+    mod/create revision 0, no value, lease 0."""
+
+    key: bytes
+    target: Target
+    relation: Relation
+    operand: int | bytes
+
+
+def op_put(key: bytes, value: bytes, lease: int = 0) -> Put:
+    return Put(key, value, lease)
+
+
+def op_delete(key: bytes) -> Delete:
+    return Delete(key)
+
+
+def op_delete_prefix(prefix: bytes) -> Delete:
+    return Delete(prefix, prefix_end(prefix))
+
+
+def op_delete_from(start: bytes, prefix: bytes) -> Delete:
+    """Delete every key of `prefix` from `start` on (e.g. steps >= j)."""
+    return Delete(start, prefix_end(prefix))
+
+
+def op_get(key: bytes) -> Get:
+    return Get(key)
+
+
+def op_get_prefix(prefix: bytes, limit: int = 0) -> Get:
+    return Get(prefix, prefix_end(prefix), limit)
+
+
+def cmp_mod(key: bytes, mod_revision: int) -> Compare:
     """key's mod_revision == mod_revision (0 means: the key is absent)."""
-    return rpc.Compare(
-        key=key, result=rpc.Compare.EQUAL, target=rpc.Compare.MOD, mod_revision=mod_revision
-    )
+    return Compare(key, "mod", "==", mod_revision)
 
 
-def cmp_value(key: bytes, value: bytes) -> Any:
-    return rpc.Compare(key=key, result=rpc.Compare.EQUAL, target=rpc.Compare.VALUE, value=value)
+def cmp_value(key: bytes, value: bytes) -> Compare:
+    return Compare(key, "value", "==", value)
 
 
-def cmp_absent(key: bytes) -> Any:
-    return rpc.Compare(
-        key=key, result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, create_revision=0
-    )
+def cmp_absent(key: bytes) -> Compare:
+    return Compare(key, "create", "==", 0)
+
+
+def cmp_exists(key: bytes) -> Compare:
+    return Compare(key, "create", ">", 0)
+
+
+def cmp_create(key: bytes, create_revision: int) -> Compare:
+    """key's create_revision == create_revision (identifies one incarnation of a key)."""
+    return Compare(key, "create", "==", create_revision)
+
+
+def cmp_lease(key: bytes, lease_id: int) -> Compare:
+    """key is attached to lease `lease_id` (etcd >= 3.3)."""
+    return Compare(key, "lease", "==", lease_id)
+
+
+# ---- typed <-> etcdserverpb ----------------------------------------------------------
+
+_RESULTS = {"==": rpc.Compare.EQUAL, "!=": rpc.Compare.NOT_EQUAL, "<": rpc.Compare.LESS,
+            ">": rpc.Compare.GREATER}
+
+
+def _pb_compare(c: Compare) -> Any:
+    result = _RESULTS[c.relation]
+    if c.target == "mod":
+        return rpc.Compare(key=c.key, result=result, target=rpc.Compare.MOD,
+                           mod_revision=int(c.operand))  # type: ignore[arg-type]
+    if c.target == "create":
+        return rpc.Compare(key=c.key, result=result, target=rpc.Compare.CREATE,
+                           create_revision=int(c.operand))  # type: ignore[arg-type]
+    if c.target == "lease":
+        return rpc.Compare(key=c.key, result=result, target=rpc.Compare.LEASE,
+                           lease=int(c.operand))  # type: ignore[arg-type]
+    return rpc.Compare(key=c.key, result=result, target=rpc.Compare.VALUE, value=c.operand)
+
+
+def _pb_op(op: Op) -> Any:
+    if isinstance(op, Put):
+        return rpc.RequestOp(request_put=rpc.PutRequest(key=op.key, value=op.value,
+                                                        lease=op.lease))
+    if isinstance(op, Delete):
+        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
+            key=op.key, range_end=op.range_end))
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key, range_end=op.range_end,
+                                                        limit=op.limit))
 
 
 def _kv(m: Any) -> KeyValue:
@@ -189,7 +275,8 @@ class EtcdClient(aetcd.Client):
         self._connected.set()
 
 
-def _translate(exc: BaseException, what: str) -> Exception:
+def translate(exc: BaseException, what: str) -> Exception:
+    """An etcd client failure as a domain error (StoreUnavailable / StoreError)."""
     if isinstance(exc, grpc.aio.AioRpcError):
         code = exc.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -202,59 +289,125 @@ def _translate(exc: BaseException, what: str) -> Exception:
     return StoreError(f"etcd {what} failed: {type(exc).__name__}")
 
 
+_translate = translate  # the name store.lease imported before
+
+
 class Store:
-    """Batched reads and guarded writes over one EtcdClient."""
+    """Typed reads and guarded writes over one EtcdClient."""
 
     def __init__(self, client: EtcdClient, timeout: float = 5.0) -> None:
         self.client = client
         self.timeout = timeout
 
-    async def _txn(self, compare: list[Any], success: list[Any], failure: list[Any],
-                   what: str) -> TxnResult:
+    async def txn(self, compare: Sequence[Compare], success: Sequence[Op],
+                  failure: Sequence[Op] = (), what: str = "write") -> TxnResult:
+        """ONE guarded etcd transaction. Never retried here (see module docstring)."""
         await self.client.connect()
-        counter = ROUND_TRIPS.get()
-        if counter is not None:
-            counter[0] += 1
-        req = rpc.TxnRequest(compare=compare, success=success, failure=failure)
+        req = rpc.TxnRequest(compare=[_pb_compare(c) for c in compare],
+                             success=[_pb_op(o) for o in success],
+                             failure=[_pb_op(o) for o in failure])
+        started = time.perf_counter()
         try:
             resp = await self.client.kvstub.Txn(req, timeout=self.timeout)
         except Exception as exc:  # translated: callers see only domain errors
-            raise _translate(exc, what) from exc
-        return TxnResult(bool(resp.succeeded), int(resp.header.revision), list(resp.responses))
-
-    async def read(self, keys: Iterable[bytes] = (), prefixes: Iterable[bytes] = (),
-                   what: str = "read") -> ReadResult:
-        """Read keys and prefixes at one revision: ONE etcd round trip."""
-        keys = list(dict.fromkeys(keys))
-        prefixes = list(dict.fromkeys(prefixes))
-        ops = [op_get(k) for k in keys] + [op_get_prefix(p) for p in prefixes]
-        res = await self._txn([], ops, [], what)
-        single: dict[bytes, KeyValue | None] = {}
-        ranges: dict[bytes, list[KeyValue]] = {}
-        for i, r in enumerate(res.responses):
-            kvs = [_kv(m) for m in r.response_range.kvs]
-            if i < len(keys):
-                single[keys[i]] = kvs[0] if kvs else None
+            count_round_trip(what, time.perf_counter() - started)
+            raise translate(exc, what) from exc
+        count_round_trip(what, time.perf_counter() - started)
+        results: list[list[KeyValue] | None] = []
+        for r in resp.responses:
+            if r.WhichOneof("response") == "response_range":
+                results.append([_kv(m) for m in r.response_range.kvs])
             else:
-                ranges[prefixes[i - len(keys)]] = kvs
-        return ReadResult(res.revision, single, ranges)
+                results.append(None)
+        return TxnResult(bool(resp.succeeded), int(resp.header.revision), results)
 
-    async def txn(self, compare: list[Any], success: list[Any], failure: list[Any] | None = None,
-                  what: str = "write") -> TxnResult:
-        """ONE guarded etcd transaction. Never retried here (see module docstring)."""
-        return await self._txn(compare, success, failure or [], what)
+    async def read(self, ops: Sequence[Get], what: str = "read") -> TxnResult:
+        """Several keys and ranges at one revision: ONE etcd round trip."""
+        return await self.txn([], ops, [], what)
 
-    async def get(self, key: bytes) -> KeyValue | None:
-        return (await self.read([key])).single[key]
+    async def get(self, key: bytes, what: str = "read") -> KeyValue | None:
+        return (await self.read([Get(key)], what)).first(0)
 
-    async def get_prefix(self, prefix: bytes) -> list[KeyValue]:
-        return (await self.read(prefixes=[prefix])).ranges[prefix]
+    async def get_many(self, keys: Iterable[bytes], what: str = "read"
+                       ) -> dict[bytes, KeyValue | None]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        res = await self.read([Get(k) for k in wanted], what)
+        return {k: res.first(i) for i, k in enumerate(wanted)}
 
-    async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
-        return (await self.txn([], [op_put(key, value, lease)], what="put")).revision
+    async def pages(self, prefix: bytes, *, start: bytes | None = None,
+                    page_size: int = PAGE_SIZE, what: str = "read"
+                    ) -> AsyncIterator[list[KeyValue]]:
+        """The keys of `prefix` (from `start` on) in pages of `page_size`, all read at the
+        revision of the first page, so the pages form one consistent snapshot."""
+        end = prefix_end(prefix)
+        key = start or prefix
+        revision = 0
+        await self.client.connect()
+        while True:
+            req = rpc.RangeRequest(key=key, range_end=end, limit=page_size, revision=revision)
+            started = time.perf_counter()
+            try:
+                resp = await self.client.kvstub.Range(req, timeout=self.timeout)
+            except Exception as exc:
+                count_round_trip(what, time.perf_counter() - started)
+                raise translate(exc, what) from exc
+            count_round_trip(what, time.perf_counter() - started)
+            if not revision:
+                revision = int(resp.header.revision)
+            kvs = [_kv(m) for m in resp.kvs]
+            if kvs:
+                yield kvs
+            if not resp.more or not kvs:
+                return
+            key = kvs[-1].key + b"\x00"
 
-    async def delete(self, key: bytes) -> None:
-        await self.txn([], [op_delete(key)], what="delete")
+    async def get_prefix(self, prefix: bytes, what: str = "read") -> list[KeyValue]:
+        """Every key of `prefix`, read in pages (for bounded sets only)."""
+        out: list[KeyValue] = []
+        async for page in self.pages(prefix, what=what):
+            out.extend(page)
+        return out
+
+    async def count(self, prefix: bytes, what: str = "read") -> int:
+        await self.client.connect()
+        req = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=True)
+        started = time.perf_counter()
+        try:
+            resp = await self.client.kvstub.Range(req, timeout=self.timeout)
+        except Exception as exc:
+            count_round_trip(what, time.perf_counter() - started)
+            raise translate(exc, what) from exc
+        count_round_trip(what, time.perf_counter() - started)
+        return int(resp.count)
+
+    async def put(self, key: bytes, value: bytes, lease: int = 0, what: str = "put") -> int:
+        return (await self.txn([], [Put(key, value, lease)], what=what)).revision
+
+    async def delete(self, key: bytes, what: str = "delete") -> None:
+        await self.txn([], [Delete(key)], what=what)
+
+    async def grant_lease(self, ttl_s: int, what: str = "lease") -> tuple[int, int]:
+        """A new lease: (id, granted ttl)."""
+        await self.client.connect()
+        started = time.perf_counter()
+        try:
+            lease = await self.client.lease(ttl_s)
+        except Exception as exc:
+            count_round_trip(what, time.perf_counter() - started)
+            raise translate(exc, "lease grant") from exc
+        count_round_trip(what, time.perf_counter() - started)
+        return int(lease.id), int(lease.ttl)
+
+    async def ping(self, timeout: float) -> None:
+        """One cheap round trip (a 1-key range), for readiness; raises StoreUnavailable."""
+        await self.client.connect()
+        try:
+            await self.client.kvstub.Range(rpc.RangeRequest(key=b"\x00", limit=1),
+                                           timeout=timeout)
+        except Exception as exc:
+            raise translate(exc, "health check") from exc
 
     async def close(self) -> None:
         await self.client.close()

@@ -26,31 +26,29 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from aetcd import rpc
-
 from ..errors import StoreError
-from .client import Store, TxnResult, _translate, cmp_absent, cmp_value, op_get, op_put
+from ..observability.metrics import METRICS
+from .client import (
+    Compare,
+    Op,
+    Store,
+    TxnResult,
+    cmp_absent,
+    cmp_create,
+    cmp_lease,
+    cmp_value,
+    op_get,
+    op_put,
+)
 
 log = logging.getLogger(__name__)
 
 
 class NotLeader(StoreError):
     """This replica does not (or no longer) hold the lease; it must stop acting."""
-
-
-def cmp_create(key: bytes, create_revision: int) -> Any:
-    """key's create_revision == create_revision (identifies one incarnation of a key)."""
-    return rpc.Compare(
-        key=key, result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE,
-        create_revision=create_revision,
-    )
-
-
-def cmp_lease(key: bytes, lease_id: int) -> Any:
-    """key is attached to lease `lease_id` (etcd >= 3.3)."""
-    return rpc.Compare(key=key, result=rpc.Compare.EQUAL, target=rpc.Compare.LEASE, lease=lease_id)
 
 
 class LeaderLease:
@@ -66,7 +64,7 @@ class LeaderLease:
     """
 
     def __init__(self, store: Store, key: bytes, holder_id: str, ttl_s: int = 10,
-                 *, margin_s: float | None = None) -> None:
+                 *, margin_s: float | None = None, role: str = "") -> None:
         if ttl_s < 1:
             raise ValueError("ttl_s must be >= 1")
         self._store = store
@@ -81,6 +79,7 @@ class LeaderLease:
         self._deadline = 0.0
         self._held = False
         self._keepalive_task: asyncio.Task[None] | None = None
+        self.role = role  # the agenttx_leader{role} gauge, when set
 
     # ---- state -------------------------------------------------------------------------
 
@@ -98,7 +97,7 @@ class LeaderLease:
         """The revision at which our campaign created the key (the fencing token)."""
         return self._create_revision
 
-    def fence(self) -> list[Any]:
+    def fence(self) -> list[Compare]:
         """Compares to add to every etcd txn made on the strength of this lease.
 
         Raises NotLeader when the local term is over: the caller must stop acting.
@@ -111,8 +110,8 @@ class LeaderLease:
             cmp_lease(self.key, self._lease_id),
         ]
 
-    async def fenced_txn(self, compare: list[Any], success: list[Any],
-                         failure: list[Any] | None = None, what: str = "fenced write"
+    async def fenced_txn(self, compare: Sequence[Compare], success: Sequence[Op],
+                         failure: Sequence[Op] | None = None, what: str = "fenced write"
                          ) -> TxnResult:
         """One etcd txn guarded by `compare` + the fence.
 
@@ -123,20 +122,20 @@ class LeaderLease:
         """
         fence = self.fence()
         res = await self._store.txn(
-            compare + fence, success, list(failure or []) + [op_get(self.key)], what=what
+            [*compare, *fence], success, [*(failure or []), op_get(self.key)], what=what
         )
         if res.succeeded:
             return res
-        kvs = res.responses[-1].response_range.kvs
-        holds = bool(kvs) and (
-            bytes(kvs[0].value) == self.holder_id.encode()
-            and int(kvs[0].create_revision) == self._create_revision
-            and int(kvs[0].lease) == self._lease_id
+        kv = res.first(len(res.results) - 1)
+        holds = kv is not None and (
+            kv.value == self.holder_id.encode()
+            and kv.create_revision == self._create_revision
+            and kv.lease == self._lease_id
         )
         if not holds:
             self._lose("fence failed: the key changed hands or expired")
             raise NotLeader(f"lost {self.key.decode(errors='replace')} (fenced write refused)")
-        return TxnResult(res.succeeded, res.revision, res.responses[:-1])
+        return TxnResult(res.succeeded, res.revision, res.results[:-1])
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -148,14 +147,8 @@ class LeaderLease:
         if self.is_leader:
             return True
         await self._end_term()
-        client = self._store.client
         started = time.monotonic()
-        try:
-            await client.connect()
-            lease = await client.lease(self.ttl_s)
-        except Exception as exc:  # translated to the domain's store errors
-            raise _translate(exc, "lease grant") from exc
-        lease_id, granted = int(lease.id), int(lease.ttl)
+        lease_id, granted = await self._store.grant_lease(self.ttl_s, what="leader campaign")
         try:
             res = await self._store.txn(
                 [cmp_absent(self.key)],
@@ -173,6 +166,7 @@ class LeaderLease:
         self._create_revision = res.revision
         self._deadline = started + granted - self._margin
         self._held = True
+        self._gauge(1)
         self._keepalive_task = asyncio.create_task(
             self._keepalive(lease_id, granted), name=f"lease-keepalive:{self.key.decode()}"
         )
@@ -195,13 +189,19 @@ class LeaderLease:
     def _log_fields(self) -> dict[str, Any]:
         return {"leader_key": self.key.decode(errors="replace"), "holder": self.holder_id}
 
+    def _gauge(self, value: int) -> None:
+        if self.role:
+            METRICS.leader.labels(self.role).set(value)
+
     def _lose(self, reason: str) -> None:
         if self._held:
             log.warning("leadership lost", extra={**self._log_fields(), "reason": reason})
         self._held = False
+        self._gauge(0)
 
     async def _end_term(self) -> None:
         self._held = False
+        self._gauge(0)
         task, self._keepalive_task = self._keepalive_task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()

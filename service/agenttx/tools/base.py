@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..engine.jsonargs import describe
+from ..args.jsonargs import describe
 
 
 class RollbackKind(enum.Enum):

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from ..engine.jsonargs import describe
-from ..engine.refs import has_reference
+from ..args.jsonargs import describe
+from ..args.refs import has_reference
 from .base import ArgType, Field, FsContext, RollbackKind, Tool, ToolContext, ToolError, ToolResult
 
 TABLE_NAME = re.compile(r"[A-Za-z0-9_]{1,128}")

@@ -30,6 +30,7 @@ class ReferenceError_(Exception):
         self.message = message
         self.argument = argument
         self.step = step
+        self.referenced: set[int] = set()
 
 
 @dataclass
@@ -55,17 +56,70 @@ def _lookup(output: Any, path: list[str], step: int, ref: str, arg: str) -> Any:
     return cur
 
 
-def resolve(args: Any, outputs: Mapping[int, Any]) -> Resolution:
+@dataclass(frozen=True)
+class Reference:
+    step: int | None
+    argument: str
+
+
+def find_references(args: Any) -> list[Reference]:
+    """Every reference in the document, in order (interim: steps only)."""
+    out: list[Reference] = []
+
+    def walk(value: Any, arg: str) -> None:
+        if isinstance(value, str):
+            if "${steps." in value:
+                for m in REF.finditer(value):
+                    try:
+                        out.append(Reference(int(m.group(1)), arg))
+                    except ValueError:
+                        out.append(Reference(None, arg))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{arg}.{i}" if arg else str(i))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{arg}.{k}" if arg else k)
+
+    walk(args, "")
+    return out
+
+
+def offending_step(argument: str | None, provenance: Mapping[str, int]) -> int | None:
+    """The step whose output produced the offending argument (the path itself, a path
+    below a whole-value reference, or a path above a reference)."""
+    if not argument:
+        return None
+    if argument in provenance:
+        return provenance[argument]
+    for path, step in provenance.items():
+        if argument.startswith(path + ".") or path.startswith(argument + "."):
+            return step
+    return None
+
+
+def resolve(args: Any, outputs: Mapping[int, Any], live: range | None = None) -> Resolution:
     """Replace references in every string of `args` with values from live `outputs`."""
+    live_set = live if live is not None else range(0)
+    referenced = {r.step for r in find_references(args)
+                  if r.step is not None and r.step in live_set}
+    try:
+        return _resolve(args, outputs, live)
+    except ReferenceError_ as exc:
+        exc.referenced = referenced
+        raise
+
+
+def _resolve(args: Any, outputs: Mapping[int, Any], live_range: range | None) -> Resolution:
     res = Resolution(value=None)
-    live = sorted(outputs)
+    live = list(live_range) if live_range is not None else sorted(outputs)
     sizes: dict[tuple[int, str], int] = {}  # (step, path) -> size of its value as text
     expanded = 0
 
     def one(m: re.Match[str], arg: str) -> Any:
         step = int(m.group(1))
         path = [p for p in m.group(2).split(".") if p]
-        if step not in outputs:
+        if step not in outputs or (live_range is not None and step not in live_range):
             shown = ", ".join(map(str, live)) or "none"
             raise ReferenceError_(
                 f'step "{step}" does not exist (referenced as {m.group(0)}); '

@@ -1,0 +1,1 @@
+"""Step arguments: serde-style JSON parsing and `${steps…}` references (pure, no I/O)."""

@@ -1,0 +1,213 @@
+"""CommitTransaction: one compare-and-swap over the read and write sets (SPEC §2).
+
+`ops.commit_plan` builds the etcd transaction as data from a `CommitSnapshot`; this
+module loads the snapshot (from the replica's cache when it holds the whole
+transaction, so a commit is one round trip), sends the plan and decides what its
+outcome means. A lost compare on a data key is a conflict: another transaction
+committed a key this one read or wrote since it first touched it. The transaction is
+then compensated (fs writes and sagas undone, effects discarded) and ended, and the
+call answers ABORTED. A CAS that times out is never retried: the header is re-read to
+decide (gone = applied).
+
+Staged effects enter the outbox in the commit's own etcd transaction and are
+delivered during the call; their idempotency keys stay reserved for the retention
+window (SPEC §6) on a shared lease (`RetentionLease`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .. import failpoints
+from ..errors import Conflict, FailedPrecondition, NotFound, StoreUnavailable
+from ..observability.context import note
+from ..observability.metrics import METRICS
+from ..store.client import KeyValue, Store
+from ..store.layout import Keys, describe_data_key
+from .cache import DataCache, TxCache, TxState
+from .model import Caller, CommitOutcome
+from .ops import CommitSnapshot, commit_plan, is_data_key
+from .snapshot import Loader, not_found
+from .steps import require_active, require_owner
+from .undo import Stale, Target, Undoer
+
+log = logging.getLogger(__name__)
+
+# Keys compared per diagnostic read after a conflict (well inside etcd's op limit).
+DIAGNOSE_BATCH = 100
+
+
+class RetentionLease:
+    """One etcd lease shared by the idempotency keys committed in a time bucket, so a
+    commit never grants a lease of its own: keys live between `retention_s` and
+    `retention_s + bucket` after their commit, then etcd deletes them."""
+
+    def __init__(self, store: Store, retention_s: int) -> None:
+        self.store = store
+        self.retention_s = retention_s
+        self.bucket_s = max(1, min(3600, retention_s // 4))
+        self._lease = 0
+        self._granted_at = 0.0
+
+    async def lease_id(self) -> int:
+        if not self._lease or time.monotonic() - self._granted_at > self.bucket_s:
+            lease, _ = await self.store.grant_lease(self.retention_s + self.bucket_s,
+                                                    what="lease retention")
+            self._lease, self._granted_at = lease, time.monotonic()
+        return self._lease
+
+
+class Committer:
+    def __init__(self, *, store: Store, keys: Keys, loader: Loader, undoer: Undoer,
+                 txs: TxCache, data: DataCache, dispatcher: Any,
+                 retention: RetentionLease) -> None:
+        self.store, self.keys, self.loader, self.undoer = store, keys, loader, undoer
+        self.txs, self.data, self.dispatcher, self.retention = txs, data, dispatcher, retention
+
+    async def commit(self, caller: Caller, tx_id: str) -> CommitOutcome:
+        note(tx=tx_id)
+        async with self.txs.locked(tx_id):
+            use_cache = True
+            for _ in range(4):
+                cached = self.txs.get(tx_id) if use_cache else None
+                state = cached if cached is not None and cached.complete else \
+                    await self.loader.whole(tx_id, use_cache=False)
+                try:
+                    require_owner(state, caller)
+                    state = await self.undoer.settle(state)
+                    if not state.complete:
+                        state = await self.loader.whole(tx_id, use_cache=False)
+                    require_active(state.header)
+                    return await self._commit(state)
+                except (FailedPrecondition, NotFound, Stale) as exc:
+                    if cached is None:
+                        if isinstance(exc, Stale):
+                            raise FailedPrecondition(f"transaction {tx_id} was changed "
+                                                     "concurrently; retry commit") from None
+                        raise
+                    # judged on a cached state that may be stale: ask etcd before answering
+                    self.txs.evict(tx_id)
+                    use_cache = False
+        raise FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry commit")
+
+    async def _commit(self, state: TxState) -> CommitOutcome:
+        h = state.header
+        effects = [e for step in sorted(state.effects) for e in state.effects[step]]
+        outbox = [self._outbox_entry(h.id, seq, e) for seq, e in enumerate(effects, 1)]
+        lease = await self.retention.lease_id() if effects else 0
+        snap = CommitSnapshot(h, state.rev, dict(state.entries), effects, outbox)
+        plan = commit_plan(self.keys, snap, reservation_lease=lease)
+        steps = h.next_step_id - 1
+        try:
+            res = await self.store.txn(plan.compares, plan.success, plan.failure, what="commit")
+        except StoreUnavailable:
+            self.txs.evict(h.id)
+            return await self._fate(state, steps, bool(effects))
+        if res.succeeded:
+            failpoints.hit("commit.after_txn")
+            self.txs.evict(h.id)
+            self._remember_writes(state, res.revision)
+            METRICS.transactions_ended.labels("committed").inc()
+            note(steps=steps, effects=len(effects))
+            dispatched, errors = await self._dispatch([(k, res.revision) for k, _ in outbox],
+                                                      dict(outbox))
+            return CommitOutcome(True, steps, dispatched, errors)
+        current = res.first(0)
+        if current is None:
+            self.txs.evict(h.id)
+            raise not_found(h.id)
+        if current.mod_revision != state.rev:
+            self.txs.evict(h.id)
+            METRICS.cas_conflicts.labels("commit").inc()
+            raise Stale(None)  # commit() reloads once, or answers FAILED_PRECONDITION
+        METRICS.cas_conflicts.labels("commit").inc()
+        conflicts = await self._conflicts(state)
+        why = f"conflict on {', '.join(conflicts) or 'a key it read'}"
+        await self._compensate_and_end(state, why)
+        METRICS.transactions_ended.labels("conflict").inc()
+        raise Conflict(
+            f"commit aborted: {why} (another transaction committed it after transaction "
+            f"{h.id} first read or wrote it); the transaction was compensated and ended")
+
+    def _outbox_entry(self, tx_id: str, seq: int, effect: Any) -> tuple[bytes, bytes]:
+        from ..effects.channels import Effect
+
+        return self.dispatcher.entry_for(  # type: ignore[no-any-return]
+            Effect(effect.channel, effect.payload, effect.idempotency_key, tx_id), seq)
+
+    def _remember_writes(self, state: TxState, revision: int) -> None:
+        for dk, entry in state.entries.items():
+            w = entry.state.write
+            if not is_data_key(dk) or w is None:
+                continue
+            if w.deleted:
+                self.data.remember(dk, None)
+            else:
+                from .state import to_json
+
+                self.data.remember(dk, KeyValue(dk, to_json(w.doc), revision, revision, 0))
+
+    async def _conflicts(self, state: TxState) -> list[str]:
+        """Name the keys whose revision moved since the transaction observed them."""
+        observed = [(dk, e.observed) for dk, e in state.entries.items()
+                    if is_data_key(dk) and e.observed is not None]
+        out: list[str] = []
+        for i in range(0, len(observed), DIAGNOSE_BATCH):
+            batch = observed[i:i + DIAGNOSE_BATCH]
+            got = await self.store.get_many([dk for dk, _ in batch], what="commit diagnose")
+            for dk, seen in batch:
+                kv = got.get(dk)
+                self.data.remember(dk, kv)
+                if (kv.mod_revision if kv else 0) != seen:
+                    out.append(describe_data_key(self.keys, dk))
+        return out[:5]
+
+    async def _compensate_and_end(self, state: TxState, why: str) -> None:
+        live = list(reversed(state.header.live))
+        records = await self.loader.records(state, live)
+        try:
+            result = await self.undoer.run(state, records, Target(0, True, False))
+        except Stale:
+            raise FailedPrecondition(f"transaction {state.header.id} was changed concurrently "
+                                     "while its conflict was being compensated") from None
+        if result.errors:
+            log.error("compensation failed", extra={"tx": state.header.id, "why": why,
+                                                    "errors": result.errors})
+            raise Conflict(f"commit aborted: {why}; compensation failed "
+                           f"({'; '.join(result.errors)}): call RollbackTransaction to finish "
+                           "undoing")
+
+    async def _fate(self, state: TxState, steps: int, had_effects: bool) -> CommitOutcome:
+        """The commit CAS timed out: read the header to decide, never retry blindly."""
+        h = state.header
+        try:
+            kv = await self.store.get(self.keys.tx_header(h.id), what="commit read")
+        except StoreUnavailable:
+            raise StoreUnavailable(
+                f"etcd unreachable while committing transaction {h.id}; the commit's outcome "
+                "is unknown: call GetTransaction (NOT_FOUND means it applied)") from None
+        if kv is not None and kv.mod_revision == state.rev:
+            raise StoreUnavailable(f"etcd timed out; transaction {h.id} was not committed; "
+                                   "retry commit")
+        if kv is None:
+            # Gone: our commit applied (aborts and reaping also end it, but only after
+            # reading this same header revision, which our CAS would then have lost to).
+            METRICS.transactions_ended.labels("committed").inc()
+            return CommitOutcome(True, steps, 0, ["effects will be dispatched in the background"]
+                                 if had_effects else [])
+        raise FailedPrecondition(f"transaction {h.id} was changed concurrently")
+
+    async def _dispatch(self, entries: list[tuple[bytes, int]],
+                        values: dict[bytes, bytes]) -> tuple[int, list[str]]:
+        """Deliver what the commit just put in the outbox: one etcd write per delivered
+        effect retires its entry (a confirmed delivery is never repeated)."""
+        if not entries or self.dispatcher is None:
+            return 0, []
+        try:
+            return await self.dispatcher.deliver_committed(  # type: ignore[no-any-return]
+                entries, values)
+        except Exception as exc:  # delivery never fails a commit that applied
+            log.exception("dispatch after commit failed")
+            return 0, [f"dispatch deferred to background: {type(exc).__name__}"]

@@ -1,0 +1,336 @@
+"""The Engine facade: begin, step, commit, rollback, get, list, expire.
+
+All state lives in etcd (store.layout); replicas keep only caches that every write
+validates, so any replica can serve any call. Every state change is ONE etcd
+transaction guarded by compare-and-swap on the transaction header's mod_revision.
+
+etcd round trips per RPC (docs/architecture.md; pinned by tests/integration/
+test_round_trips.py), on the replica that served the transaction's previous call:
+- BeginTransaction: 1 (header + quota slot, created iff absent).
+- ExecuteStep, success: 1 CAS. On another replica: +1 read (header, referenced steps'
+  records, the entries of the keys the tool names). +1 when a key the step assumed had
+  changed (the CAS failed and is run again on what its failure branch returned).
+- ExecuteStep, failure: 1 CAS for a local retry; a rollback that undoes files or sagas
+  +1 intent write before touching the disk (crash safety), +1 read of undone records
+  not cached.
+- CommitTransaction: 1 CAS (+1 read on another replica), +1 write per effect delivered
+  during the call (retiring its outbox entry).
+- RollbackTransaction: 1-2 (+1 intent write when files are undone).
+- GetTransaction: 1 (header, context log and the activity mark in one transaction).
+
+Nothing here imports grpc or aetcd: errors are agenttx.errors, results engine.model.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from ..observability.context import note
+from ..observability.metrics import METRICS
+from ..store.client import Compare, Get, Put, Store, cmp_absent, cmp_exists, prefix_end
+from ..store.layout import Keys
+from ..tools.registry import ToolRegistry
+from .cache import DataCache, TxCache, TxState
+from .commit import Committer, RetentionLease
+from .limits import Limits
+from .model import (
+    ANONYMOUS,
+    Caller,
+    CommitOutcome,
+    ContextItem,
+    RollbackOutcome,
+    StepOutcome,
+    TransactionPage,
+    TransactionSummary,
+    TransactionView,
+)
+from .policy import EffectivePolicy
+from .snapshot import Loader, not_found
+from .state import (
+    ACTIVE,
+    TxHeader,
+    TxPolicy,
+    decode_context,
+    decode_header,
+    encode_header,
+    to_json,
+)
+from .steps import Stepper, require_owner
+from .undo import Stale, Target, Undoer
+
+log = logging.getLogger(__name__)
+
+ResolvePolicy = Callable[[str, Mapping[str, str], dict[str, Any], Caller], EffectivePolicy]
+
+MAX_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 100
+# Free-slot attempts at begin before counting the principal's open transactions.
+SLOT_ATTEMPTS = 6
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        keys: Keys,
+        tools: ToolRegistry,
+        resolve_policy: ResolvePolicy,
+        default_fs_root: str,
+        replica_id: str,
+        channel_names: Callable[[], list[str]],
+        max_txn_ops: int = 1024,
+        max_request_bytes: int = 16 * 1024 * 1024,
+        dispatcher: Any = None,
+        max_open_transactions: int = 1000,
+        effect_key_retention_s: int = 86400,
+        cache_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.tools = tools
+        self._resolve_policy = resolve_policy
+        self.default_fs_root = default_fs_root
+        self.replica_id = replica_id
+        self.max_open_transactions = max_open_transactions
+        self.limits = Limits(max_txn_ops, max_request_bytes)
+        self.txs = TxCache(cache_bytes)
+        self.data = DataCache(cache_bytes // 4)
+        self.loader = Loader(store, keys, self.txs, self.data)
+        self.undoer = Undoer(store, keys, tools, self.loader, self.txs, self.data, replica_id)
+        self.steps = Stepper(store=store, keys=keys, tools=tools, loader=self.loader,
+                             undoer=self.undoer, txs=self.txs, data=self.data,
+                             limits=self.limits, replica_id=replica_id,
+                             channel_names=channel_names)
+        self.committer = Committer(store=store, keys=keys, loader=self.loader,
+                                   undoer=self.undoer, txs=self.txs, data=self.data,
+                                   dispatcher=dispatcher,
+                                   retention=RetentionLease(store, effect_key_retention_s))
+
+    # ---- begin ---------------------------------------------------------------------------
+
+    async def begin(self, agent_id: str, metadata: Mapping[str, str], overrides: dict[str, Any],
+                    caller: Caller = ANONYMOUS) -> tuple[str, int]:
+        try:
+            policy = self._resolve_policy(agent_id, metadata, overrides, caller)
+        except ValueError as exc:
+            raise InvalidArgument(f"policy: {exc}") from None
+        tx_id = str(uuid.uuid4())
+        now = time.time()
+        rollback = policy.rollback
+        header = TxHeader(
+            id=tx_id, principal=caller.principal, agent_id=agent_id, status=ACTIVE,
+            policy=TxPolicy(rollback.max_local_depth, rollback.max_global_resets,
+                            rollback.replay_budget_factor, policy.idle_timeout_s,
+                            policy.sandbox_path or self.default_fs_root, policy.source),
+            created_at=now, updated_at=now)
+        note(tx=tx_id, agent_id=agent_id, policy=policy.source)
+        hkey = self.keys.tx_header(tx_id)
+        tried: set[int] = set()
+        for attempt in range(SLOT_ATTEMPTS * 2):
+            slot = await self._pick_slot(caller.principal, tried, attempt)
+            tried.add(slot)
+            placed = replace(header, quota_slot=slot)
+            slot_key = self.keys.open_slot(caller.principal, slot)
+            success = [Put(hkey, encode_header(placed)), Put(slot_key, tx_id.encode())]
+            if metadata:
+                success.append(Put(self.keys.tx_meta(tx_id), to_json(dict(metadata))))
+            res = await self.store.txn([cmp_absent(hkey), cmp_absent(slot_key)], success,
+                                       [Get(slot_key)], what="begin")
+            if res.succeeded:
+                self.txs.put(tx_id, TxState(header=placed, rev=res.revision, complete=True), 512)
+                return tx_id, 1
+            if res.first(0) is None:  # the slot was free: a UUID collision, never silently
+                raise FailedPrecondition(f"transaction id {tx_id} already exists; retry")
+        raise self._exhausted()
+
+    async def _pick_slot(self, principal: str, tried: set[int], attempt: int) -> int:
+        """A free open-transaction slot: random first (one round trip when the principal
+        has room), then, after a few collisions, found by reading the slots in use."""
+        limit = self.max_open_transactions
+        if attempt < SLOT_ATTEMPTS:
+            for _ in range(16):
+                slot = random.randrange(limit)
+                if slot not in tried:
+                    return slot
+        used = set(tried)
+        prefix = self.keys.open_prefix(principal)
+        count = 0
+        async for page in self.store.pages(prefix, what="begin"):
+            for kv in page:
+                count += 1
+                used.add(int(kv.key[len(prefix):]))
+        if count >= limit:
+            raise self._exhausted()
+        free = [s for s in range(limit) if s not in used]
+        if not free:
+            raise self._exhausted()
+        return random.choice(free)
+
+    def _exhausted(self) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"max-open-transactions ({self.max_open_transactions}) reached for this principal; "
+            "commit or roll back a transaction first")
+
+    # ---- step / commit -------------------------------------------------------------------
+
+    async def execute(self, tx_id: str, step_id: int, tool_name: str, arguments_json: str,
+                      raw_context: str, caller: Caller = ANONYMOUS) -> StepOutcome:
+        return await self.steps.execute(caller, tx_id, step_id, tool_name, arguments_json,
+                                        raw_context)
+
+    async def commit(self, tx_id: str, caller: Caller = ANONYMOUS) -> CommitOutcome:
+        return await self.committer.commit(caller, tx_id)
+
+    # ---- rollback ------------------------------------------------------------------------
+
+    async def rollback(self, tx_id: str, to_step: int | None, reason: str,
+                       caller: Caller = ANONYMOUS) -> RollbackOutcome:
+        note(tx=tx_id, to_step=to_step, reason=reason[:200])
+        async with self.txs.locked(tx_id):
+            use_cache = True
+            for _ in range(4):
+                cached = self.txs.get(tx_id) if use_cache else None
+                state = cached or await self.loader.for_step(tx_id, (), (), use_cache=False)
+                try:
+                    if not caller.admin:
+                        require_owner(state, caller)
+                    state = await self.undoer.settle(state)
+                    h = state.header
+                    if to_step and to_step >= h.next_step_id:
+                        raise InvalidArgument(
+                            f"to_step {to_step} is out of range: it must be lower than "
+                            f"next_step_id {h.next_step_id} (or 0 to abort)")
+                except (InvalidArgument, FailedPrecondition, NotFound):
+                    if cached is None:
+                        raise
+                    self.txs.evict(tx_id)  # judged on a cached state: ask etcd
+                    use_cache = False
+                    continue
+                abort = not to_step
+                order = [i for i in reversed(h.live) if abort or i >= (to_step or 0)]
+                records = await self.loader.records(state, order)
+                try:
+                    result = await self.undoer.run(state, records,
+                                                   Target(to_step or 0, abort, False),
+                                                   base=replace(h, updated_at=time.time()))
+                except Stale:
+                    use_cache = False
+                    continue
+                note(undone=result.done, errors=result.errors)
+                METRICS.rollbacks.labels("manual" if to_step else "abort").inc()
+                if result.errors:
+                    assert result.header is not None
+                    return RollbackOutcome(False, result.header.next_step_id, len(result.done),
+                                           result.errors)
+                if abort:
+                    METRICS.transactions_ended.labels("aborted").inc()
+                return RollbackOutcome(True, 0 if abort else int(to_step or 0),
+                                       len(result.done), [])
+        raise FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry")
+
+    # ---- get / list ----------------------------------------------------------------------
+
+    async def get(self, tx_id: str, caller: Caller = ANONYMOUS) -> TransactionView:
+        note(tx=tx_id)
+        keys = self.keys
+        hkey = keys.tx_header(tx_id)
+        ctx = keys.context_prefix(tx_id)
+        # Header, context log and the activity mark (for the idle reaper) in ONE etcd
+        # transaction: the mark is written only while the header exists.
+        res = await self.store.txn(
+            [cmp_exists(hkey)],
+            [Get(hkey), Get(ctx, prefix_end(ctx)), Put(keys.tx_touch(tx_id), str(time.time()).encode())],
+            [], what="get")
+        kv = res.first(0) if res.succeeded else None
+        if kv is None:
+            raise not_found(tx_id)
+        h = decode_header(kv.value)
+        if h.principal != caller.principal and not caller.admin:
+            raise not_found(tx_id)
+        if h.undoing is not None or h.fs_pending is not None:
+            h = await self._settled_header(tx_id, h, kv.mod_revision)
+        context = []
+        for item in res.kvs(1):
+            step = int(item.key[len(ctx):])
+            if step in h.live:
+                tool, raw = decode_context(item.value)
+                context.append(ContextItem(step, tool, raw))
+        return TransactionView(h.id, h.status, h.next_step_id, list(h.constraints),
+                               h.global_resets, h.agent_id, context, h.principal, h.created_at,
+                               h.updated_at)
+
+    async def _settled_header(self, tx_id: str, header: TxHeader, rev: int) -> TxHeader:
+        """Finish a dead replica's half-done work before showing the state; while it is
+        still in flight on a live replica, show the state as it stands."""
+        async with self.txs.locked(tx_id):
+            try:
+                state = await self.loader.for_step(tx_id, (), (), use_cache=False)
+                state = await self.undoer.settle(state)
+                return state.header
+            except FailedPrecondition:
+                return header
+
+    async def list(self, caller: Caller, *, page_size: int = 0, page_token: str = "",
+                   status: str = "", agent_id_prefix: str = "") -> TransactionPage:
+        """Open transactions, a page at a time, in id order (admin principals only once
+        authentication is on: the servicer checks). Reads headers only."""
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        prefix = self.keys.headers_prefix()
+        start = prefix + page_token.encode() + b"\x00" if page_token else None
+        out: list[TransactionSummary] = []
+        last = ""
+        more = False
+        async for page in self.store.pages(prefix, start=start, page_size=max(size, 64),
+                                           what="list"):
+            for kv in page:
+                h = decode_header(kv.value)
+                last = h.id
+                if status and h.status != status:
+                    continue
+                if agent_id_prefix and not h.agent_id.startswith(agent_id_prefix):
+                    continue
+                out.append(TransactionSummary(h.id, h.status, h.agent_id, h.principal,
+                                              h.next_step_id, h.created_at, h.updated_at))
+                if len(out) >= size:
+                    more = True
+                    break
+            if more:
+                break
+        note(listed=len(out))
+        return TransactionPage(out, last if more else "")
+
+    # ---- reaper ----------------------------------------------------------------------------
+
+    async def expire(self, tx_id: str, header_rev: int,
+                     fence: Callable[[], Sequence[Compare]]) -> bool:
+        """Abort an idle transaction and compensate it. Every write carries `fence()`
+        (the reaper's leadership compares), so a paused ex-leader cannot act. Returns
+        False when the transaction moved on meanwhile (it is not idle any more)."""
+        async with self.txs.locked(tx_id):
+            state = await self.loader.for_step(tx_id, (), (), use_cache=False)
+            if state.rev != header_rev:
+                return False
+            records = await self.loader.records(state, list(reversed(state.header.live)))
+            try:
+                result = await self.undoer.run(state, records, Target(0, True, False),
+                                               fence=fence)
+            except Stale:
+                return False
+            if result.errors:
+                log.error("idle transaction could not be compensated",
+                          extra={"tx": tx_id, "errors": result.errors})
+                return False
+            METRICS.transactions_ended.labels("expired").inc()
+            log.info("idle transaction expired", extra={"tx": tx_id, "undone": result.done})
+            return True
+
+
+__all__ = ["Engine"]

@@ -1,0 +1,273 @@
+"""Every state change as data: the compares and operations of ONE etcd transaction.
+
+These are pure functions of typed state (no I/O, no clock), in the manner of etcd's STM
+(`conflicts()` and `wset.puts()` are pure functions of the read and write sets): each
+one returns a `TxnPlan` the engine sends, and each is unit-tested without etcd
+(tests/unit/test_engine_ops.py). Every plan compares the transaction header's
+mod_revision, so two replicas racing on one transaction produce exactly one winner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..store.client import (
+    Compare,
+    Delete,
+    Get,
+    Op,
+    Put,
+    cmp_absent,
+    cmp_mod,
+    cmp_value,
+    op_delete_from,
+    op_delete_prefix,
+)
+from ..store.layout import Keys
+from .state import (
+    StagedEffect,
+    StepRecord,
+    Touched,
+    TxHeader,
+    WriteState,
+    encode_context,
+    encode_effect,
+    encode_header,
+    encode_step,
+    encode_touched,
+    to_json,
+)
+
+
+@dataclass(frozen=True)
+class TxnPlan:
+    compares: list[Compare]
+    success: list[Op]
+    failure: list[Op] = field(default_factory=list)
+
+    @property
+    def request_bytes(self) -> int:
+        """Approximate size of the etcd request (keys and values)."""
+        total = 0
+        for op in self.success:
+            total += len(op.key) + (len(op.value) if isinstance(op, Put) else 0) + 8
+        for c in self.compares:
+            total += len(c.key) + (len(c.operand) if isinstance(c.operand, bytes) else 8) + 8
+        return total
+
+
+def is_data_key(data_key: bytes) -> bool:
+    """Committed data (kv, records) as opposed to an fs pseudo-key."""
+    return not data_key.startswith(b"fs:")
+
+
+def reservation_value(tx_id: str, step_id: int, state: str) -> bytes:
+    return to_json({"tx": tx_id, "step": step_id, "state": state})
+
+
+# ---- a step that applied -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepChanges:
+    """What one step attempt did, as the view recorded it."""
+
+    observed: Mapping[bytes, int]                       # first touches: key -> assumed rev
+    entries: Mapping[bytes, Touched]                    # every entry the step (re)writes
+    assumed: Mapping[bytes, int] | None = None          # every committed state relied on
+    effects: Sequence[StagedEffect] = ()
+    reservations: Sequence[bytes] = ()
+    lock_new: bytes | None = None
+    lock_held: bytes | None = None
+
+
+def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
+              record: StepRecord | None, raw_context: str, changes: StepChanges) -> TxnPlan:
+    """The CAS of a step: new header, the step record (None for a failed step, which
+    records only what it observed), its raw_context, touched entries, staged effects,
+    reservations and lock. Its failure branch reads back everything it compared, so a
+    lost compare tells the engine what actually changed (`read_back_keys`)."""
+    tx = header.id
+    hkey = keys.tx_header(tx)
+    compares: list[Compare] = [cmp_mod(hkey, rev)]
+    assumed = changes.assumed if changes.assumed is not None else changes.observed
+    for dk, seen in assumed.items():
+        if is_data_key(dk):
+            compares.append(cmp_mod(dk, seen))
+    success: list[Op] = [Put(hkey, encode_header(new_header))]
+    if record is not None:
+        success.append(Put(keys.step(tx, record.step_id), encode_step(record)))
+        if raw_context:
+            success.append(Put(keys.context(tx, record.step_id),
+                               encode_context(record.tool, raw_context)))
+    for dk, entry in changes.entries.items():
+        success.append(Put(keys.touched(tx, dk), encode_touched(entry)))
+    if record is not None:
+        for i, effect in enumerate(changes.effects):
+            success.append(Put(keys.effect(tx, record.step_id, i), encode_effect(effect)))
+        for resv in changes.reservations:
+            compares.append(cmp_absent(resv))
+            success.append(Put(resv, reservation_value(tx, record.step_id, "staged")))
+        if changes.lock_new is not None:
+            compares.append(cmp_absent(changes.lock_new))
+            success.append(Put(changes.lock_new, tx.encode()))
+        elif changes.lock_held is not None:
+            compares.append(cmp_value(changes.lock_held, tx.encode()))
+    failure: list[Op] = [Get(k) for k in read_back_keys(hkey, compares)]
+    return TxnPlan(compares, success, failure)
+
+
+def read_back_keys(header_key: bytes, compares: Sequence[Compare]) -> list[bytes]:
+    """The keys a plan's failure branch reads: the header, then each compared key once."""
+    out = [header_key]
+    seen = {header_key}
+    for c in compares:
+        if c.key not in seen:
+            seen.add(c.key)
+            out.append(c.key)
+    return out
+
+
+def step_entries(before: Mapping[bytes, tuple[int | None, WriteState]],
+                 states: Mapping[bytes, WriteState], observed: Mapping[bytes, int],
+                 known: Mapping[bytes, Touched | None]) -> dict[bytes, Touched]:
+    """The touched entries a successful step writes: keys it wrote get their new state;
+    keys it only read for the first time get an entry with the observed revision."""
+    out: dict[bytes, Touched] = {}
+    for dk, state in states.items():
+        prior = known.get(dk)
+        seen = prior.observed if prior is not None else before.get(dk, (None, state))[0]
+        if seen is None and is_data_key(dk):
+            seen = observed.get(dk, 0)
+        out[dk] = Touched(seen, state)
+    for dk, seen in observed.items():
+        if dk not in out and known.get(dk) is None:
+            out[dk] = Touched(seen)
+    return out
+
+
+def observation_entries(observed: Mapping[bytes, int],
+                        known: Mapping[bytes, Touched | None]) -> dict[bytes, Touched]:
+    """What a failed step records: the keys it read for the first time (SPEC §2: failed
+    reads are part of the read set), nothing it would have written."""
+    return {dk: Touched(seen) for dk, seen in observed.items()
+            if is_data_key(dk) and known.get(dk) is None}
+
+
+# ---- undo ----------------------------------------------------------------------------
+
+def undone_entries(done: Sequence[StepRecord]) -> dict[bytes, Touched]:
+    """Each key the undone steps wrote, back to its state before the earliest of them.
+    `done` is in undo order (descending step ids), so the last assignment wins."""
+    out: dict[bytes, Touched] = {}
+    for record in done:
+        for image in record.undo:
+            out[image.data_key] = Touched(image.observed, image.state)
+    return out
+
+
+def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
+                  done: Sequence[StepRecord], *, fence: Sequence[Compare] = (),
+                  observations: Mapping[bytes, Touched] | None = None,
+                  observed: Mapping[bytes, int] | None = None) -> TxnPlan:
+    """The CAS that records undone steps (`done`, a suffix of the live steps, in undo
+    order): their records, contexts and effects deleted, their keys' entries restored,
+    their reservations and locks released, the new header written."""
+    tx = header.id
+    hkey = keys.tx_header(tx)
+    compares: list[Compare] = [cmp_mod(hkey, rev), *fence]
+    for dk, seen in (observed or {}).items():
+        if is_data_key(dk):
+            compares.append(cmp_mod(dk, seen))
+    success: list[Op] = [Put(hkey, encode_header(new_header))]
+    if done:
+        first = min(r.step_id for r in done)
+        success.append(op_delete_from(keys.step(tx, first), keys.steps_prefix(tx)))
+        success.append(op_delete_from(keys.context(tx, first), keys.context_prefix(tx)))
+        success.append(op_delete_from(keys.effect(tx, first, 0), keys.effects_prefix(tx)))
+    entries = dict(observations or {})
+    entries.update(undone_entries(done))
+    for dk, entry in entries.items():
+        success.append(Put(keys.touched(tx, dk), encode_touched(entry)))
+    for record in done:
+        for resv in record.effect_keys:
+            success.append(Delete(resv))
+        if record.fs is not None and record.fs.lock_new:
+            compares.append(cmp_value(record.fs.lock_key, tx.encode()))
+            success.append(Delete(record.fs.lock_key))
+    return TxnPlan(compares, success, [Get(k) for k in read_back_keys(hkey, compares)])
+
+
+def end_ops(keys: Keys, header: TxHeader, *, locks: Iterable[bytes],
+            reservations: Iterable[bytes]) -> list[Op]:
+    """Everything that ends a transaction: its keys, header, activity key and quota slot,
+    the locks it holds and (for an abort) the idempotency keys it reserved."""
+    tx = header.id
+    ops: list[Op] = [op_delete_prefix(keys.tx_prefix(tx)), Delete(keys.tx_header(tx)),
+                     Delete(keys.tx_touch(tx))]
+    if header.quota_slot >= 0:
+        ops.append(Delete(keys.open_slot(header.principal, header.quota_slot)))
+    for lock in dict.fromkeys(locks):
+        ops.append(Delete(lock))
+    for resv in dict.fromkeys(reservations):
+        ops.append(Delete(resv))
+    return ops
+
+
+def abort_plan(keys: Keys, header: TxHeader, rev: int, *, locks: Iterable[bytes],
+               reservations: Iterable[bytes], fence: Sequence[Compare] = (),
+               observed: Mapping[bytes, int] | None = None) -> TxnPlan:
+    """End the transaction without applying anything (abort, expiry, conflict)."""
+    hkey = keys.tx_header(header.id)
+    compares: list[Compare] = [cmp_mod(hkey, rev), *fence]
+    for dk, seen in (observed or {}).items():
+        if is_data_key(dk):
+            compares.append(cmp_mod(dk, seen))
+    return TxnPlan(compares, end_ops(keys, header, locks=locks, reservations=reservations),
+                   [Get(k) for k in read_back_keys(hkey, compares)])
+
+
+# ---- commit --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CommitSnapshot:
+    """Everything commit needs: the header as read, every touched entry, every staged
+    effect (in step order) and the outbox entries they become."""
+
+    header: TxHeader
+    rev: int
+    entries: Mapping[bytes, Touched]
+    effects: Sequence[StagedEffect]
+    outbox: Sequence[tuple[bytes, bytes]]          # (key, value) per effect, same order
+
+
+def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0) -> TxnPlan:
+    """The commit of SPEC §2, as etcd's STM does it: compare every key of the read and
+    write sets with the revision the transaction first observed (0 = absent), apply the
+    buffered writes, move staged effects to the outbox (re-reserving their idempotency
+    keys for the retention window), release locks, end the transaction. Linear in the
+    touched keys and effects; independent of how many steps ran."""
+    h = snap.header
+    hkey = keys.tx_header(h.id)
+    compares: list[Compare] = [cmp_mod(hkey, snap.rev)]
+    writes: list[Op] = []
+    locks: list[bytes] = []
+    for dk, entry in sorted(snap.entries.items()):
+        if not is_data_key(dk):
+            if entry.state.lock:
+                locks.append(entry.state.lock)
+            continue
+        if entry.observed is not None:
+            compares.append(cmp_mod(dk, entry.observed))
+        w = entry.state.write
+        if w is not None:
+            writes.append(Delete(dk) if w.deleted else Put(dk, to_json(w.doc)))
+    success: list[Op] = writes
+    for key, value in snap.outbox:
+        success.append(Put(key, value))
+    for effect in snap.effects:
+        success.append(Put(keys.effect_key(h.principal, effect.idempotency_key),
+                           reservation_value(h.id, 0, "committed"), lease=reservation_lease))
+    success.extend(end_ops(keys, h, locks=locks, reservations=()))
+    return TxnPlan(compares, success, [Get(hkey)])
+

@@ -1,0 +1,518 @@
+"""ExecuteStep: run a tool on the transaction's view, then record the outcome in ONE CAS.
+
+The common case is one etcd round trip: the replica runs the step on its cached state of
+the transaction and CASes on the header's mod_revision, with a compare for every key the
+step touched for the first time (`view.StepView`). A compare that fails changed
+nothing; the engine learns what was really there (the CAS's failure branch) and runs the
+step again — never a blind retry. A replica whose cache is stale (another replica
+advanced the transaction) reloads; if the step it was asked to run is no longer the
+next one, it answers FAILED_PRECONDITION: exactly one winner per step.
+
+A failed step is a normal answer: the error is cleaned into (category, hint), the
+planner (pure) picks the strategy, and undo.Undoer carries it out.
+
+Custom saga tools change the world inside `execute`, before the CAS, so they never run
+on an assumption: their state is read fresh, and a step whose record does not land is
+compensated (SPEC §3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .. import failpoints
+from ..args.jsonargs import ArgumentsError, dumps, parse_arguments
+from ..args.refs import ReferenceError_, find_references, offending_step, resolve
+from ..cleaner import clean_error
+from ..errors import FailedPrecondition, NotFound, StoreUnavailable
+from ..observability.context import note
+from ..observability.metrics import METRICS
+from ..store.client import KeyValue
+from ..store.layout import Keys
+from ..tools.base import RollbackKind, Tool, ToolError, validate_arguments
+from ..tools.registry import ToolRegistry
+from . import sandbox
+from .cache import DataCache, TxCache, TxState
+from .limits import Limits, add_constraint, check_step, context_cost
+from .model import Caller, StepOutcome
+from .ops import StepChanges, is_data_key, observation_entries, step_entries, step_plan
+from .planner import (
+    FailureFacts,
+    PolicyLimits,
+    StepTouch,
+    Strategy,
+    find_culprit,
+    find_dependencies,
+    plan_rollback,
+)
+from .snapshot import Loader, not_found
+from .state import (
+    ACTIVE,
+    AWAITING_ROLLBACK,
+    Budget,
+    FsPending,
+    StepRecord,
+    Touched,
+    TxHeader,
+    UndoImage,
+)
+from .undo import Stale, Target, Undoer
+from .view import StepView
+
+log = logging.getLogger(__name__)
+
+# A step whose assumptions keep being invalidated by concurrent commits gives up after
+# this many attempts (each one definitive: its CAS changed nothing).
+MAX_ATTEMPTS = 8
+# Arguments larger than this are parsed off the event loop.
+PARSE_INLINE_BYTES = 64 * 1024
+
+
+def is_custom_saga(tool: Tool | None) -> bool:
+    """SAGA tools other than fs.write (whose undo the engine does itself from its record)."""
+    return tool is not None and tool.rollback is RollbackKind.SAGA and tool.name != "fs.write"
+
+
+def require_owner(state: TxState, caller: Caller) -> None:
+    """SPEC §9: another principal's transaction does not exist for the caller."""
+    if state.header.principal != caller.principal:
+        raise not_found(state.header.id)
+
+
+def require_active(header: TxHeader) -> None:
+    if header.status == AWAITING_ROLLBACK:
+        raise FailedPrecondition(
+            f"transaction {header.id} is waiting for a manual rollback: an undo action "
+            "failed; call RollbackTransaction")
+    if header.status != ACTIVE:
+        raise FailedPrecondition(f"transaction {header.id} is {header.status}")
+
+
+@dataclass
+class _Attempt:
+    """One run of the tool: what it saw and did."""
+
+    view: StepView
+    refs: set[int]
+    provenance: dict[str, int]
+    result: Any = None
+
+
+class Stepper:
+    def __init__(self, *, store: Any, keys: Keys, tools: ToolRegistry, loader: Loader,
+                 undoer: Undoer, txs: TxCache, data: DataCache, limits: Limits,
+                 replica_id: str, channel_names: Callable[[], list[str]]) -> None:
+        self.store, self.keys, self.tools, self.loader = store, keys, tools, loader
+        self.undoer, self.txs, self.data, self.limits = undoer, txs, data, limits
+        self.replica_id, self.channel_names = replica_id, channel_names
+
+    async def execute(self, caller: Caller, tx_id: str, step_id: int, tool_name: str,
+                      arguments_json: str, raw_context: str) -> StepOutcome:
+        tool = self.tools.get(tool_name)
+        parsed, parse_error = await _parse(arguments_json)
+        refs = [r.step for r in find_references(parsed)] if parsed is not None else []
+        ref_steps = {r for r in refs if r is not None}
+        prefetch = self._prefetch(tool, parsed)
+        fresh = is_custom_saga(tool)
+        note(tx=tx_id, step=step_id, tool=tool_name)
+        async with self.txs.locked(tx_id):
+            use_cache = not fresh
+            for _ in range(MAX_ATTEMPTS):
+                cached = self.txs.get(tx_id) if use_cache else None
+                state = cached or await self.loader.for_step(tx_id, ref_steps, prefetch,
+                                                             use_cache=False)
+                try:
+                    require_owner(state, caller)
+                    state = await self.undoer.settle(state)
+                    require_active(state.header)
+                    if step_id != state.header.next_step_id:
+                        raise FailedPrecondition(
+                            f"step_id {step_id} is out of order: transaction {tx_id} expects "
+                            f"step {state.header.next_step_id}")
+                except (FailedPrecondition, NotFound):
+                    if cached is None:
+                        raise
+                    # judged on a cached state: maybe stale, ask etcd before answering
+                    self.txs.evict(tx_id)
+                    use_cache = False
+                    continue
+                try:
+                    return await self._run(state, step_id, tool_name, tool, parsed, parse_error,
+                                           ref_steps, raw_context, fresh)
+                except Stale as stale:
+                    current = stale.header
+                    if current is not None and (current.next_step_id != step_id
+                                                or current.status != ACTIVE):
+                        raise FailedPrecondition(
+                            f"step {step_id} lost a race: transaction {tx_id} was changed "
+                            f"concurrently and now expects step {current.next_step_id}"
+                        ) from None
+                    use_cache = current is None and not fresh
+        raise StoreUnavailable(f"step {step_id} of transaction {tx_id} kept meeting concurrent "
+                               "changes to the keys it reads; retry the step")
+
+    def _prefetch(self, tool: Tool | None, parsed: dict[str, Any] | None) -> list[bytes]:
+        """Data keys a tool names literally, read with the header on a cache miss."""
+        if tool is None or parsed is None:
+            return []
+        try:
+            wanted = tool.prefetch(parsed)
+        except Exception:  # an optimisation; a bad shape fails later, with its message
+            return []
+        out: list[bytes] = []
+        for kind, value in wanted:
+            if kind == "kv" and isinstance(value, str):
+                out.append(self.keys.kv(value))
+            elif kind == "rec":
+                table, rid = value
+                out.append(self.keys.record(table, rid))
+        return out[:64]
+
+    # ---- one attempt -------------------------------------------------------------------
+
+    async def _run(self, state: TxState, step_id: int, tool_name: str, tool: Tool | None,
+                   parsed: dict[str, Any] | None, parse_error: str | None, ref_steps: set[int],
+                   raw_context: str, fresh: bool) -> StepOutcome:
+        h = state.header
+        view = StepView(keys=self.keys, state=state, data=self.data,
+                        fetch=lambda e, d: self.loader.fetch(h.id, e, d), step_id=step_id,
+                        attempt=sandbox.new_attempt(), owner=h.principal,
+                        channel_names=self.channel_names, fresh=fresh)
+        attempt = _Attempt(view, set(), {})
+        if tool is not None and tool.name.startswith("fs."):
+            await asyncio.to_thread(pathlib.Path(h.policy.fs_root).mkdir, parents=True,
+                                    exist_ok=True)
+        try:
+            if parse_error is not None:
+                raise ToolError(parse_error)
+            if tool is None:
+                raise ToolError(f"function {tool_name}() does not exist")
+            outputs = await self.loader.outputs(state, ref_steps)
+            try:
+                resolution = resolve(parsed, outputs, h.live)
+            except ReferenceError_ as exc:
+                attempt.refs = set(exc.referenced)
+                raise ToolError(exc.message, argument=exc.argument) from None
+            attempt.refs, attempt.provenance = set(resolution.referenced), resolution.provenance
+            args = validate_arguments(resolution.value, tool.fields)
+            attempt.result = await tool.execute(args, view)
+            output = attempt.result.output
+            output_json = dumps(output)
+            record, new_header, changes, plan = self._success(state, step_id, tool_name,
+                                                              attempt, output, output_json,
+                                                              raw_context)
+        except ToolError as exc:
+            return await self._failed(state, step_id, tool_name, tool, attempt, exc.message,
+                                      exc.argument, exc.data)
+        except Stale:
+            await view.discard()
+            await self._compensate_unrecorded(tool, attempt, h.id, step_id)
+            raise
+        except (NotFound, FailedPrecondition, StoreUnavailable):
+            await view.discard()
+            await self._compensate_unrecorded(tool, attempt, h.id, step_id)
+            raise
+        except Exception as exc:  # a custom tool's own failure: its text is the message
+            log.info("tool raised", extra={"tx": h.id, "tool": tool_name,
+                                           "error": f"{type(exc).__name__}: {exc}"})
+            return await self._failed(state, step_id, tool_name, tool, attempt,
+                                      str(exc) or type(exc).__name__, None, None)
+        return await self._apply(state, step_id, tool, attempt, record, new_header, changes,
+                                 plan, output_json, raw_context)
+
+    def _success(self, state: TxState, step_id: int, tool_name: str, attempt: _Attempt,
+                 output: Any, output_json: str, raw_context: str
+                 ) -> tuple[StepRecord, TxHeader, StepChanges, Any]:
+        h = state.header
+        view = attempt.view
+        known = self._known(state, view)
+        entries = step_entries(view.before, view.states, view.observed, known)
+        delta = _delta(view, known, entries, tool_name, raw_context)
+        fs = view.fs
+        record = StepRecord(
+            step_id=step_id, tool=tool_name, attempt=view.attempt, output=output,
+            refs=tuple(sorted(attempt.refs)),
+            undo=tuple(UndoImage(dk, obs, st) for dk, (obs, st) in view.before.items()),
+            effect_keys=tuple(view.effect_keys), effects=len(view.effects),
+            fs=fs.record if fs is not None else None,
+            saga=attempt.result.compensation if attempt.result is not None else None,
+            has_saga=is_custom_saga(self.tools.get(tool_name)),
+            context_bytes=delta.context_bytes, delta=delta)
+        now = time.time()
+        new_header = replace(
+            h, next_step_id=step_id + 1, attempts=0, highest_step=max(h.highest_step, step_id),
+            updated_at=now, budget=h.budget.plus(delta),
+            fs_pending=FsPending(step_id, view.attempt, self.replica_id, now, fs.record.target,
+                                 fs.record.new_sha256) if fs is not None else None)
+        changes = StepChanges(observed=view.observed, entries=entries, assumed=view.assumed,
+                              effects=view.effects,
+                              reservations=view.effect_keys, lock_new=view.lock_new,
+                              lock_held=view.lock_held)
+        plan = step_plan(self.keys, h, state.rev, new_header, record, raw_context, changes)
+        message = check_step(self.limits, new_header.budget, step_compares=len(plan.compares),
+                             step_ops=len(plan.success), step_bytes=plan.request_bytes,
+                             output_bytes=len(output_json.encode()), constraints=h.constraints)
+        if message is not None:
+            raise ToolError(message)
+        return record, new_header, changes, plan
+
+    @staticmethod
+    def _known(state: TxState, view: StepView) -> dict[bytes, Touched | None]:
+        out: dict[bytes, Touched | None] = {}
+        for dk in {*view.states, *view.observed}:
+            out[dk] = view.fetched[dk] if dk in view.fetched else state.entries.get(dk)
+        return out
+
+    async def _apply(self, state: TxState, step_id: int, tool: Tool | None, attempt: _Attempt,
+                     record: StepRecord, new_header: TxHeader, changes: StepChanges, plan: Any,
+                     output_json: str, raw_context: str) -> StepOutcome:
+        view = attempt.view
+        tx = state.header.id
+        if view.fs is not None:
+            failpoints.hit("fs.write.before_intent")
+        try:
+            res = await self.store.txn(plan.compares, plan.success, plan.failure, what="step")
+        except StoreUnavailable:
+            # The CAS may or may not have applied. Dropping the temp file is safe either
+            # way: an fs.write counts as done only when its target holds the new bytes,
+            # so a recorded-but-never-renamed write is rolled back by the next call.
+            await view.discard()
+            self.txs.evict(tx)
+            if is_custom_saga(tool):
+                if await self._recorded(tx, step_id, record.attempt):
+                    return StepOutcome(status="SUCCESS", next_step_id=step_id + 1,
+                                       constraints=list(new_header.constraints),
+                                       output_json=output_json)
+                await self._compensate_unrecorded(tool, attempt, tx, step_id)
+            raise StoreUnavailable(
+                f"etcd unreachable while recording step {step_id} of transaction {tx}; its "
+                "outcome is unknown: call GetTransaction") from None
+        if not res.succeeded:
+            await view.discard()
+            await self._compensate_unrecorded(tool, attempt, tx, step_id)
+            raise self.undoer.lost(state, plan, res, "step")
+        if view.fs is not None:
+            failpoints.hit("fs.write.after_intent")
+            try:
+                await asyncio.to_thread(sandbox.install_temp, view.fs.tmp, view.fs.target)
+            except OSError as exc:
+                log.error("fs.write rename failed after its intent was committed",
+                          extra={"tx": tx, "step": step_id, "error": str(exc)})
+                return await self._rename_failed(state, record, new_header, res.revision,
+                                                 attempt, exc)
+            failpoints.hit("fs.write.after_rename")
+        self._remember(state, record, new_header, res.revision, changes, output_json)
+        METRICS.steps.labels(_tool_label(self.tools, record.tool), "success").inc()
+        note(status="SUCCESS", extra_reads=view.extra_reads)
+        return StepOutcome(status="SUCCESS", next_step_id=step_id + 1,
+                           constraints=list(new_header.constraints), output_json=output_json)
+
+    def _remember(self, state: TxState, record: StepRecord, header: TxHeader, rev: int,
+                  changes: StepChanges, output_json: str) -> None:
+        """Carry the step that just applied into the cached state."""
+        tx = header.id
+        if self.txs.get(tx) is not state:
+            return
+        state.header, state.rev = header, rev
+        state.entries.update(changes.entries)
+        state.records[record.step_id] = record
+        state.outputs[record.step_id] = record.output
+        if changes.effects:
+            state.effects[record.step_id] = tuple(changes.effects)
+        state.fs_settled = True
+        for resv in changes.reservations:
+            self.data.remember(resv, KeyValue(resv, b"staged", rev, rev, 0))
+        if changes.lock_new is not None:
+            self.data.remember(changes.lock_new, KeyValue(changes.lock_new, tx.encode(), rev,
+                                                          rev, 0))
+        self.txs.grow(tx, state, 256 * (len(changes.entries) + 1) + 2 * len(output_json))
+
+    async def _rename_failed(self, state: TxState, record: StepRecord, header: TxHeader,
+                             rev: int, attempt: _Attempt, exc: OSError) -> StepOutcome:
+        """The intent is recorded but the file could not be put in place: undo the step
+        record (the disk never changed), then report the failure like any other."""
+        view = attempt.view
+        applied = TxState(header=header, rev=rev, entries=dict(state.entries), complete=False)
+        applied.records[record.step_id] = record
+        await self.undoer.run(applied, [record], Target(record.step_id, False, False),
+                              base=replace(header, fs_pending=None))
+        await view.discard()
+        fresh = await self.loader.for_step(header.id, (), (), use_cache=False)
+        path = record.fs.path if record.fs is not None else "?"
+        return await self._failed(fresh, record.step_id, record.tool, None, attempt,
+                                  f"{exc.strerror or exc}: '{path}'", "path", None,
+                                  rebuild_view=True)
+
+    async def _recorded(self, tx_id: str, step_id: int, attempt: str) -> bool:
+        """After an ambiguous CAS: is the step record there, and is it this attempt's?"""
+        from .state import decode_step
+
+        try:
+            kv = await self.store.get(self.keys.step(tx_id, step_id), what="load")
+        except StoreUnavailable:
+            raise StoreUnavailable(
+                f"etcd unreachable while recording step {step_id} of transaction {tx_id}; "
+                "its outcome is unknown: call GetTransaction") from None
+        return kv is not None and decode_step(kv.value).attempt == attempt
+
+    async def _compensate_unrecorded(self, tool: Tool | None, attempt: _Attempt, tx_id: str,
+                                     step_id: int) -> None:
+        """A custom saga already changed the world: if its step is not recorded, undo it
+        now, or the step would have an effect without being live (SPEC §2)."""
+        if attempt.result is None or not is_custom_saga(tool):
+            return
+        assert tool is not None
+        result, attempt.result = attempt.result, None
+        try:
+            await tool.compensate(result.compensation)
+        except Exception as exc:  # logged loudly: the effect outlives its step
+            log.error("could not compensate an unrecorded saga step",
+                      extra={"tx": tx_id, "step": step_id, "tool": tool.name,
+                             "error": f"{type(exc).__name__}: {exc}"})
+
+    # ---- a failed step -----------------------------------------------------------------
+
+    async def _failed(self, state: TxState, step_id: int, tool_name: str, tool: Tool | None,
+                      attempt: _Attempt, raw: str, argument: str | None, data: str | None,
+                      *, rebuild_view: bool = False) -> StepOutcome:
+        view = attempt.view
+        await view.discard()
+        await self._compensate_unrecorded(tool, attempt, state.header.id, step_id)
+        h = state.header
+        cleaned = clean_error(raw, known_tools=self.tools.names())
+        constraints = add_constraint(h.constraints, cleaned.hint)
+        attempts = h.attempts + 1
+        highest = max(h.highest_step, step_id)
+        live = h.live
+        observed = {} if rebuild_view else dict(view.observed)
+        assumed = {} if rebuild_view else dict(view.assumed)
+        known = self._known(state, view)
+        touches = _touches(view, live, {*attempt.refs, *attempt.provenance.values()})
+        deps = find_dependencies(referenced_steps=attempt.refs, touched=view.touched,
+                                 live=touches)
+        culprit = find_culprit(category=cleaned.category,
+                               offending_ref_step=offending_step(argument, attempt.provenance),
+                               offending_data=data, live=touches)
+        policy = h.policy
+        plan = plan_rollback(
+            FailureFacts(failed_step=step_id, category=cleaned.category, culprit=culprit,
+                         dependencies=deps, live_steps=tuple(live), attempts=attempts,
+                         global_resets=h.global_resets, replay_used=h.replay_used,
+                         highest_step=highest),
+            PolicyLimits(policy.max_local_depth, policy.max_global_resets,
+                         policy.replay_budget_factor))
+        note(status="ROLLBACK_TRIGGERED", category=cleaned.category,
+             strategy=plan.strategy.value, undo=list(plan.undo))
+        outcome = StepOutcome(
+            status="ROLLBACK_TRIGGERED", next_step_id=plan.next_step_id,
+            constraints=list(constraints), clean_hint=cleaned.hint, strategy=plan.strategy,
+            rollback_to_step=plan.rollback_to_step, context_reset=plan.context_reset,
+            error_category=cleaned.category)
+        observations = observation_entries(observed, known)
+        base = replace(h, constraints=constraints, highest_step=highest, updated_at=time.time(),
+                       fs_pending=None)
+        tool_label = _tool_label(self.tools, tool_name)
+        if plan.strategy is Strategy.LOCAL_BACKTRACK:
+            new = replace(base, attempts=attempts, budget=replace(
+                h.budget, read_keys=h.budget.read_keys + len(observations)))
+            txn_plan = step_plan(self.keys, h, state.rev, new, None, "",
+                                 StepChanges(observed=observed, entries=observations,
+                                             assumed=assumed))
+            res = await self.undoer.send(state, txn_plan, "step")
+            self._remember_failure(state, new, res.revision, observations)
+            _count_failure(tool_label, outcome)
+            return outcome
+        started = time.perf_counter()
+        records = await self.loader.records(state, list(plan.undo))
+        result = await self.undoer.run(
+            state, records,
+            Target(plan.next_step_id, plan.strategy is Strategy.ABORT, True,
+                   plan.global_resets, h.replay_used + len(plan.undo)),
+            base=base, observed=assumed, observations=observations)
+        outcome.rollback_latency_ms = (time.perf_counter() - started) * 1000.0
+        if result.errors:
+            assert result.header is not None
+            outcome.strategy = Strategy.MANUAL
+            outcome.next_step_id = result.header.next_step_id
+            outcome.rollback_to_step = min(result.done) if result.done else \
+                result.header.next_step_id
+            outcome.compensation_errors = result.errors
+            outcome.context_reset = False
+        elif plan.strategy is Strategy.ABORT:
+            outcome.status, outcome.abort_reason = "FAILED", plan.abort_reason
+            METRICS.transactions_ended.labels("failed").inc()
+        _count_failure(tool_label, outcome)
+        return outcome
+
+    def _remember_failure(self, state: TxState, header: TxHeader, rev: int,
+                          observations: Mapping[bytes, Touched]) -> None:
+        if self.txs.get(header.id) is not state:
+            return
+        state.header, state.rev = header, rev
+        state.entries.update(observations)
+        state.fs_settled = True
+
+
+def _count_failure(tool_label: str, outcome: StepOutcome) -> None:
+    METRICS.steps.labels(tool_label, "failed" if outcome.status == "FAILED"
+                         else "rollback_triggered").inc()
+    METRICS.rollbacks.labels(outcome.strategy.value.lower()).inc()
+    METRICS.rollback_duration.labels(outcome.strategy.value.lower()).observe(
+        outcome.rollback_latency_ms / 1000.0)
+
+
+def _tool_label(tools: ToolRegistry, name: str) -> str:
+    """A bounded metric label: registered tool names only."""
+    return name if tools.get(name) is not None else "unknown"
+
+
+def _touches(view: StepView, live: range, referenced: set[int]) -> list[StepTouch]:
+    """The live steps the failed step relates to — those it references, and the last
+    writer (or deleter) of each data id it touched — with what they did to those ids:
+    the facts find_dependencies / find_culprit need, and nothing more."""
+    by_step: dict[int, tuple[set[str], set[str]]] = {s: (set(), set()) for s in referenced
+                                                     if s in live}
+    for data_id, state in view.entries_of_touched():
+        if state.writer not in live:
+            continue
+        writes, deletes = by_step.setdefault(state.writer, (set(), set()))
+        if state.writer_op in ("put", "both"):
+            writes.add(data_id)
+        if state.writer_op in ("delete", "both"):
+            deletes.add(data_id)
+    return [StepTouch(s, frozenset(w), frozenset(d)) for s, (w, d) in sorted(by_step.items())]
+
+
+def _delta(view: StepView, known: Mapping[bytes, Touched | None],
+           entries: Mapping[bytes, Touched], tool: str, raw_context: str) -> Budget:
+    reads = sum(1 for dk in entries if is_data_key(dk) and known.get(dk) is None)
+    write_keys = 0
+    write_bytes = 0
+    for dk, state in view.states.items():
+        if not is_data_key(dk):
+            continue
+        _, before = view.before[dk]
+        old, new = before.write, state.write
+        write_keys += (new is not None) - (old is not None)
+        write_bytes += (new.size if new else 0) - (old.size if old else 0)
+    return Budget(read_keys=reads, write_keys=write_keys, write_bytes=write_bytes,
+                  effects=len(view.effects), effect_bytes=view.effect_bytes,
+                  locks=1 if view.lock_new is not None else 0,
+                  context_bytes=context_cost(tool, raw_context))
+
+
+async def _parse(arguments_json: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Parse the arguments (off the event loop when large); a parse error is a failed
+    step, not an RPC error (SPEC §1)."""
+    try:
+        if len(arguments_json) > PARSE_INLINE_BYTES:
+            return await asyncio.to_thread(parse_arguments, arguments_json), None
+        return parse_arguments(arguments_json), None
+    except ArgumentsError as exc:
+        return None, str(exc.args[0])

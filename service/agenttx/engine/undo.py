@@ -1,0 +1,319 @@
+"""Undoing steps, and finishing what a dead replica left half-done.
+
+A rollback (automatic after a failed step, requested, an abort, an expiry, a commit
+conflict's compensation) undoes live steps newest first. Journal steps (kv, records)
+and staged effects are undone by the rollback's CAS alone: their buffered writes are
+restored in the touched entries and their records dropped. Steps that changed the world
+(fs.write, custom sagas) need actions first, so for them an intent (`UndoIntent`, in the
+header) is committed before touching anything, then the actions run, then the final
+CAS; a replica that dies in between leaves a durable plan that any replica resumes
+(`settle`). Undo actions are idempotent, so resuming is safe. If an action fails, the
+rollback stops there and the transaction waits for RollbackTransaction (SPEC §5 MANUAL).
+
+`settle` also decides the fate of an fs.write whose rename may not have happened
+(`FsPending`): the write happened iff the target holds the new bytes; otherwise, once
+its owner is gone or the grace period passed, it is rolled back as if it never ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import pathlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from .. import failpoints
+from ..errors import FailedPrecondition, NotFound
+from ..observability.context import note
+from ..observability.metrics import METRICS
+from ..store.client import Compare, Store, TxnResult
+from ..store.layout import Keys
+from ..tools.registry import ToolRegistry
+from . import sandbox
+from .cache import DataCache, TxCache, TxState
+from .ops import TxnPlan, abort_plan, read_back_keys, rollback_plan
+from .snapshot import Loader, not_found
+from .state import (
+    ACTIVE,
+    AWAITING_ROLLBACK,
+    StepRecord,
+    Touched,
+    TxHeader,
+    UndoIntent,
+    decode_header,
+)
+
+log = logging.getLogger(__name__)
+
+# How long an fs.write may sit between its CAS and its rename (or a rollback between its
+# intent and its end) before another replica may treat it as interrupted; the owner's
+# liveness key is checked too, so a dead owner is taken over sooner.
+APPLY_GRACE_S = 30.0
+
+
+class Stale(Exception):
+    """A CAS lost its compare: nothing was written. `header` is the transaction's current
+    header when it changed (the cached state was stale), None when only a key the step
+    assumed had changed (the state is still current; the step runs again)."""
+
+    def __init__(self, header: TxHeader | None) -> None:
+        super().__init__("stale")
+        self.header = header
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a rollback leads when every undo action succeeds."""
+
+    next_step_id: int
+    end: bool
+    automatic: bool
+    global_resets: int | None = None
+    replay_used: int | None = None
+
+
+@dataclass
+class UndoResult:
+    errors: list[str]
+    done: list[int]
+    header: TxHeader | None          # the header written (None: the transaction ended)
+
+
+class Undoer:
+    def __init__(self, store: Store, keys: Keys, tools: ToolRegistry, loader: Loader,
+                 txs: TxCache, data: DataCache, replica_id: str) -> None:
+        self.store, self.keys, self.tools, self.loader = store, keys, tools, loader
+        self.txs, self.data, self.replica_id = txs, data, replica_id
+
+    # ---- CAS bookkeeping ---------------------------------------------------------------
+
+    def lost(self, state: TxState, plan: TxnPlan, res: TxnResult, what: str) -> Stale:
+        """Learn from a lost compare (the plan's failure branch read everything it
+        compared) and say whether the state is stale."""
+        METRICS.cas_conflicts.labels(what).inc()
+        tx = state.header.id
+        header_kv = res.first(0)
+        if header_kv is None:
+            self.txs.evict(tx)
+            raise not_found(tx)
+        if header_kv.mod_revision != state.rev:
+            self.txs.evict(tx)
+            return Stale(decode_header(header_kv.value))
+        for i, key in enumerate(read_back_keys(self.keys.tx_header(tx), plan.compares)[1:], 1):
+            self.data.remember(key, res.first(i))
+        return Stale(None)
+
+    async def send(self, state: TxState, plan: TxnPlan, what: str) -> TxnResult:
+        res = await self.store.txn(plan.compares, plan.success, plan.failure, what=what)
+        if not res.succeeded:
+            raise self.lost(state, plan, res, what)
+        return res
+
+    # ---- rollback ----------------------------------------------------------------------
+
+    async def run(self, state: TxState, records: Sequence[StepRecord], target: Target, *,
+                  base: TxHeader | None = None,
+                  fence: Callable[[], Sequence[Compare]] = lambda: (),
+                  observed: Mapping[bytes, int] | None = None,
+                  observations: Mapping[bytes, Touched] | None = None) -> UndoResult:
+        """Undo `records` (a suffix of the live steps, newest first) and commit the state
+        that results (`target`, or the end of the transaction). `base` is the header to
+        build on (the caller's changes: constraints, attempts...); `observed` and
+        `observations` are a failed step's first reads, validated and recorded in the
+        same CAS. Raises Stale when the transaction (or an assumed key) changed first."""
+        header = base or state.header
+        rev = state.rev
+        steps = tuple(r.step_id for r in records)
+        read_new = len(observations or {})
+        if read_new:
+            header = replace(header, budget=replace(header.budget,
+                                                     read_keys=header.budget.read_keys + read_new))
+        intent_needed = any(r.fs is not None or r.has_saga for r in records)
+        if intent_needed:
+            intent = UndoIntent(steps, self.replica_id, time.time(), target.end,
+                                target.automatic, target.next_step_id,
+                                target.global_resets if target.global_resets is not None
+                                else header.global_resets,
+                                target.replay_used if target.replay_used is not None
+                                else header.replay_used)
+            marked = replace(header, undoing=intent, updated_at=time.time())
+            plan = rollback_plan(self.keys, state.header, rev, marked, (), fence=fence(),
+                                 observations=observations, observed=observed)
+            res = await self.send(state, plan, "undo intent")
+            header, rev = marked, res.revision
+            observed, observations = None, None
+            failpoints.hit("undo.after_intent")
+        started = time.perf_counter()
+        errors, done = await self.undo_actions(state.header.id, records)
+        failpoints.hit("undo.after_restore")
+        done_records = [r for r in records if r.step_id in done]
+        budget = header.budget
+        for r in done_records:
+            budget = budget.minus_undone(r.delta)
+        now = time.time()
+        if errors:
+            new = replace(header, status=AWAITING_ROLLBACK, attempts=0, undoing=None,
+                          fs_pending=None, budget=budget, updated_at=now,
+                          next_step_id=min(done) if done else header.next_step_id,
+                          replay_used=header.replay_used + (len(done) if target.automatic else 0))
+            plan = rollback_plan(self.keys, header, rev, new, done_records, fence=fence(),
+                                 observations=observations, observed=observed)
+            await self._final(state, plan, intent_needed)
+            self._cache(state, new, done_records)
+            log.warning("undo failed; transaction awaits manual rollback",
+                        extra={"tx": state.header.id, "errors": errors, "undone": done})
+            return UndoResult(errors, done, new)
+        if target.end:
+            plan = abort_plan(self.keys, header, rev,
+                              locks=[r.fs.lock_key for r in done_records
+                                     if r.fs is not None and r.fs.lock_new],
+                              reservations=[k for r in done_records for k in r.effect_keys],
+                              fence=fence(), observed=observed)
+            await self._final(state, plan, intent_needed)
+            self.txs.evict(state.header.id)
+            note(undo_ms=round((time.perf_counter() - started) * 1000, 2))
+            return UndoResult([], done, None)
+        new = replace(header, status=ACTIVE, next_step_id=target.next_step_id, attempts=0,
+                      undoing=None, fs_pending=None, budget=budget, updated_at=now,
+                      global_resets=header.global_resets if target.global_resets is None
+                      else target.global_resets,
+                      replay_used=header.replay_used if target.replay_used is None
+                      else target.replay_used)
+        plan = rollback_plan(self.keys, header, rev, new, done_records, fence=fence(),
+                             observations=observations, observed=observed)
+        res = await self._final(state, plan, intent_needed)
+        self._cache(state, new, done_records, res.revision, observations)
+        return UndoResult([], done, new)
+
+    async def _final(self, state: TxState, plan: TxnPlan, after_intent: bool) -> TxnResult:
+        res = await self.store.txn(plan.compares, plan.success, plan.failure, what="state")
+        if not res.succeeded:
+            if after_intent:  # someone took our intent over (we looked dead): their turn
+                self.txs.evict(state.header.id)
+                raise FailedPrecondition(
+                    f"transaction {state.header.id} was changed concurrently during its "
+                    "rollback; re-read it with GetTransaction")
+            raise self.lost(state, plan, res, "rollback")
+        return res
+
+    def _cache(self, state: TxState, header: TxHeader, done: Sequence[StepRecord],
+               rev: int = 0, observations: Mapping[bytes, Touched] | None = None) -> None:
+        """Carry a rollback into the cached state (or drop it when unsure)."""
+        tx = header.id
+        if not rev or self.txs.get(tx) is not state:
+            self.txs.evict(tx)
+            return
+        from .ops import undone_entries
+
+        state.header, state.rev = header, rev
+        for dk, entry in {**(observations or {}), **undone_entries(done)}.items():
+            state.entries[dk] = entry
+        for r in done:
+            state.records.pop(r.step_id, None)
+            state.outputs.pop(r.step_id, None)
+            state.effects.pop(r.step_id, None)
+        state.fs_settled = True
+
+    async def undo_actions(self, tx_id: str, records: Sequence[StepRecord]
+                           ) -> tuple[list[str], list[int]]:
+        """Run undo actions newest first; stop at the first failure (SPEC §5 MANUAL).
+        Returns (compensation errors, steps undone)."""
+        errors: list[str] = []
+        done: list[int] = []
+        for r in records:
+            try:
+                await self._undo_one(tx_id, r)
+            except Exception as exc:
+                errors.append(f"step {r.step_id} ({r.tool}): {_describe(exc, r)}")
+                break
+            done.append(r.step_id)
+        return errors, done
+
+    async def _undo_one(self, tx_id: str, r: StepRecord) -> None:
+        if r.fs is not None:
+            target = pathlib.Path(r.fs.target)
+            await asyncio.to_thread(sandbox.discard_temp,
+                                    sandbox.temp_name(target, tx_id, r.step_id, r.attempt))
+            await asyncio.to_thread(sandbox.restore, target,
+                                    r.fs.previous if r.fs.existed else None)
+        if r.has_saga:
+            tool = self.tools.get(r.tool)
+            if tool is None:
+                raise RuntimeError(f"tool {r.tool} is no longer installed")
+            await tool.compensate(r.saga)
+        # journal (kv/record) and effects: the rollback's CAS is the undo.
+
+    # ---- what a dead replica left ------------------------------------------------------
+
+    async def settle(self, state: TxState) -> TxState:
+        """Finish an interrupted rollback or fs.write before serving a call on `state`.
+        Both are rare and cost nothing when absent. Returns the state to go on with."""
+        h = state.header
+        if h.undoing is not None:
+            return await self._resume(state, h.undoing)
+        if h.fs_pending is not None and not state.fs_settled:
+            return await self._settle_write(state)
+        return state
+
+    async def _resume(self, state: TxState, intent: UndoIntent) -> TxState:
+        tx = state.header.id
+        if await self._busy(intent.owner, intent.since):
+            raise FailedPrecondition(f"a rollback of transaction {tx} is in progress; "
+                                     "retry shortly")
+        live = state.header.live
+        steps = [s for s in intent.steps if s in live]
+        log.warning("resuming an interrupted rollback",
+                    extra={"tx": tx, "steps": steps, "owner": intent.owner})
+        records = await self.loader.records(state, steps)
+        base = replace(state.header, undoing=None)
+        result = await self.run(state, records, Target(intent.next_step_id, intent.end,
+                                                       intent.automatic, intent.global_resets,
+                                                       intent.replay_used), base=base)
+        if intent.end and not result.errors:
+            raise not_found(tx)
+        return await self.loader.for_step(tx, (), (), use_cache=False)
+
+    async def _settle_write(self, state: TxState) -> TxState:
+        f = state.header.fs_pending
+        assert f is not None
+        tx = state.header.id
+        if await asyncio.to_thread(_holds, pathlib.Path(f.target), f.new_sha256):
+            state.fs_settled = True  # the write landed; the next state change clears it
+            return state
+        if await self._busy(f.owner, f.since):
+            raise FailedPrecondition(f"step {f.step_id} of transaction {tx} is still being "
+                                     "applied; retry shortly")
+        live = state.header.live
+        records = await self.loader.records(state, [f.step_id] if f.step_id in live else [])
+        result = await self.run(state, records, Target(f.step_id, False, False))
+        log.warning("recovered an interrupted fs.write",
+                    extra={"tx": tx, "step": f.step_id, "errors": result.errors})
+        return await self.loader.for_step(tx, (), (), use_cache=False)
+
+    async def _busy(self, owner: str, since: float) -> bool:
+        """Is the owner of a marker still within its window? Calls on one transaction
+        are serialised within a replica (TxCache.locked), so a marker of this replica's
+        own is never in progress while another of its calls looks at it: it was
+        abandoned (a CAS that timed out) and can be settled right away."""
+        if time.time() - since >= APPLY_GRACE_S or owner == self.replica_id:
+            return False
+        return await self.store.get(self.keys.replica(owner), what="load") is not None
+
+
+def _holds(target: pathlib.Path, sha: str) -> bool:
+    try:
+        return hashlib.sha256(target.read_bytes()).hexdigest() == sha
+    except OSError:
+        return False
+
+
+def _describe(exc: BaseException, r: StepRecord) -> str:
+    if isinstance(exc, OSError) and r.fs is not None:
+        return f"cannot restore '{r.fs.path}': {exc.strerror or exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+__all__ = ["APPLY_GRACE_S", "NotFound", "Stale", "Target", "UndoResult", "Undoer"]
