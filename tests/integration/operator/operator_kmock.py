@@ -329,10 +329,32 @@ async def current(store: Store, prefix: str, name: str, ns: str = "team-a") -> P
     return p
 
 
-def bind_claim_and_roll_out(api: ApiServer, ns: str, name: str) -> None:
-    """What the PV controller and the Deployment controller would do."""
+def mounted(api: ApiServer, ns: str, name: str) -> bool:
+    """Whether the service Deployment's pod template mounts the policy's sandbox claim."""
+    dep = got(api, DEPLOYMENTS, SERVICE_NS, "agenttx")
+    volumes = dep["spec"]["template"]["spec"].get("volumes") or []
     claim = reconcile.claim_name(ns, name)
-    api.objects[PVCS, SERVICE_NS, claim].patch({"status": {"phase": "Bound"}})
+    return any((v.get("persistentVolumeClaim") or {}).get("claimName") == claim for v in volumes)
+
+
+def roll_out(api: ApiServer) -> None:
+    """What the Deployment controller reports once the current template is fully rolled
+    out: generation observed, every pod updated and available, no old pod left."""
     dep = api.objects[DEPLOYMENTS, SERVICE_NS, "agenttx"]
     gen = dep.raw["metadata"]["generation"]
-    dep.patch({"status": {"observedGeneration": gen, "updatedReplicas": 2}})
+    replicas = dep.raw["spec"]["replicas"]
+    dep.patch({"status": {"observedGeneration": gen, "replicas": replicas,
+                          "updatedReplicas": replicas, "availableReplicas": replicas}})
+
+
+async def bind_claim_and_roll_out(api: ApiServer, ns: str, name: str) -> None:
+    """What the PV controller and the Deployment controller would do.
+
+    Waits until the operator has mounted the claim first: it creates the claim, then
+    patches the Deployment, and that patch bumps the generation. A rollout reported in
+    between would be of the old generation, and nothing would ever roll out the new one
+    (this was the race that made the delete tests flaky)."""
+    await eventually(lambda: mounted(api, ns, name), what=f"sandbox of {ns}/{name} mounted")
+    claim = reconcile.claim_name(ns, name)
+    api.objects[PVCS, SERVICE_NS, claim].patch({"status": {"phase": "Bound"}})
+    roll_out(api)

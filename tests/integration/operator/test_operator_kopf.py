@@ -118,7 +118,7 @@ async def test_sandbox_policy_creates_claim_mounts_it_and_publishes_when_bound(
             pod["containers"][0]["volumeMounts"]
         assert await published(store, etcd_prefix, "research") is None  # not yet usable
 
-        bind_claim_and_roll_out(api, "team-a", "research")
+        await bind_claim_and_roll_out(api, "team-a", "research")
         await eventually(reason_is(api, "research", "Published"), what="Published")
         p = await current(store, etcd_prefix, "research")
         assert p.sandbox_path == "/sandboxes/team-a/research"
@@ -150,7 +150,7 @@ async def test_delete_unpublishes_unmounts_and_reclaims(
         await create(api, policy("tmp", {"sandbox": {"size": "1Gi", "reclaimPolicy": reclaim}}))
         claim = reconcile.claim_name("team-a", "tmp")
         await eventually(lambda: obj(api, PVCS, SERVICE_NS, claim), what="claim")
-        bind_claim_and_roll_out(api, "team-a", "tmp")
+        await bind_claim_and_roll_out(api, "team-a", "tmp")
         await eventually(reason_is(api, "tmp", "Published"), what="Published")
         assert await published(store, etcd_prefix, "tmp") is not None
 

@@ -99,7 +99,7 @@ async def test_replica_writes_into_the_policy_sandbox(
                                         "sandbox": {"size": "1Gi"}}))
         await eventually(lambda: obj(api, PVCS, "agenttx-system",
                                      reconcile.claim_name("team-a", name)), what="claim")
-        bind_claim_and_roll_out(api, "team-a", name)
+        await bind_claim_and_roll_out(api, "team-a", name)
         await eventually(reason_is(api, name, "Published"), what="Published")
 
         def write() -> pb.ExecuteStepResponse:
