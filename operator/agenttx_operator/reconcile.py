@@ -478,7 +478,15 @@ def volume_ready(
     pvc: Mapping[str, Any] | None, deployment: Mapping[str, Any] | None
 ) -> tuple[bool, str]:
     """Whether a sandbox can be used: its claim is Bound and the service Deployment has
-    rolled out the pod template that mounts it. Returns (ready, why-not message)."""
+    *completely* rolled out the pod template that mounts it. Returns (ready, why-not).
+
+    Complete means what `kubectl rollout status` waits for (kubectl's
+    `DeploymentStatusViewer`): the controller observed the current generation, every
+    desired pod runs the new template, no old pod is left (`replicas ==
+    updatedReplicas`; during a surge an old pod without the mount still takes
+    transactions) and every updated pod is available. Anything less, and a transaction
+    could be routed to a pod where the sandbox path does not exist.
+    """
     if pvc is None:
         return False, "the sandbox claim does not exist yet"
     phase = pvc.get("status", {}).get("phase", "Pending")
@@ -491,16 +499,27 @@ def volume_ready(
     if deployment is None:
         return False, "the service Deployment does not exist"
     generation = deployment.get("metadata", {}).get("generation", 0)
-    status = deployment.get("status", {})
-    replicas = deployment.get("spec", {}).get("replicas", 1)
+    status = deployment.get("status") or {}
+    desired = deployment.get("spec", {}).get("replicas", 1)
     if status.get("observedGeneration", 0) < generation:
         return False, "the service Deployment has not observed the sandbox mount yet"
-    if status.get("updatedReplicas", 0) < replicas:
-        return False, (
-            f"the service Deployment is rolling out the sandbox mount "
-            f"({status.get('updatedReplicas', 0)}/{replicas} pods updated)"
-        )
-    return True, ""
+    updated = status.get("updatedReplicas", 0)
+    total = status.get("replicas", 0)
+    available = status.get("availableReplicas", 0)
+    if updated < desired:
+        progress = f"{updated}/{desired} pods updated"
+    elif total > updated:
+        progress = f"{total - updated} old pod(s) without the sandbox mount still running"
+    elif available < updated:
+        progress = f"{available}/{updated} updated pods available"
+    else:
+        return True, ""
+    why = f"the service Deployment is rolling out the sandbox mount ({progress})"
+    for cond in status.get("conditions") or []:
+        if (isinstance(cond, Mapping) and cond.get("type") == "Progressing"
+                and cond.get("reason") == "ProgressDeadlineExceeded"):
+            why += f"; its rollout exceeded the progress deadline: {cond.get('message', '')}"
+    return False, why
 
 
 # ---- status ------------------------------------------------------------------------

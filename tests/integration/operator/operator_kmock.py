@@ -193,7 +193,8 @@ def service_deployment(replicas: int = 2) -> dict[str, Any]:
                 "volumes": [{"name": "tmp", "emptyDir": {}}],
             }},
         },
-        "status": {"observedGeneration": 1, "updatedReplicas": replicas, "replicas": replicas},
+        "status": {"observedGeneration": 1, "updatedReplicas": replicas, "replicas": replicas,
+                   "availableReplicas": replicas},
     }
 
 

@@ -21,11 +21,13 @@ from operator_kmock import (
     event_reasons,
     eventually,
     got,
+    mounted,
     obj,
     patch_spec,
     policy,
     published,
     reason_is,
+    roll_out,
     running_operator,
 )
 
@@ -140,6 +142,32 @@ async def test_sandbox_policy_creates_claim_mounts_it_and_publishes_when_bound(
         pod = got(api, DEPLOYMENTS, SERVICE_NS, "agenttx")["spec"]["template"]["spec"]
         assert [v["name"] for v in pod["volumes"]] == ["tmp"]
         assert [m["name"] for m in pod["containers"][0]["volumeMounts"]] == ["tmp"]
+
+
+async def test_sandbox_policy_is_not_published_while_an_old_pod_still_serves(
+    api: ApiServer, make_config, store: Store, etcd_prefix: str
+) -> None:
+    async with running_operator(make_config(), api):
+        await create(api, policy("surge", {"sandbox": {"size": "1Gi"}}))
+        await eventually(lambda: mounted(api, "team-a", "surge"), what="mount")
+        claim = reconcile.claim_name("team-a", "surge")
+        api.objects[PVCS, SERVICE_NS, claim].patch({"status": {"phase": "Bound"}})
+        # Mid-surge: both new pods are up and available, one old pod (no mount) still
+        # takes transactions.
+        dep = api.objects[DEPLOYMENTS, SERVICE_NS, "agenttx"]
+        dep.patch({"status": {"observedGeneration": dep.raw["metadata"]["generation"],
+                              "replicas": 3, "updatedReplicas": 2, "availableReplicas": 2}})
+
+        def old_pod_reported() -> bool:
+            cond = reason_is(api, "surge", "VolumePending")()
+            return bool(cond) and "1 old pod(s) without the sandbox mount" in cond["message"]
+        await eventually(old_pod_reported, what="VolumePending naming the old pod")
+        assert await published(store, etcd_prefix, "surge") is None
+
+        roll_out(api)  # the old pod is gone
+        await eventually(reason_is(api, "surge", "Published"), what="Published")
+        assert (await current(store, etcd_prefix, "surge")).sandbox_path == \
+            "/sandboxes/team-a/surge"
 
 
 @pytest.mark.parametrize("reclaim", ["Delete", "Retain"])

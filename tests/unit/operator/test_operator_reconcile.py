@@ -49,7 +49,8 @@ def service_deployment(**pod_extra: object) -> dict:
                 }
             },
         },
-        "status": {"observedGeneration": 3, "updatedReplicas": 2, "replicas": 2},
+        "status": {"observedGeneration": 3, "updatedReplicas": 2, "replicas": 2,
+                   "availableReplicas": 2},
     }
 
 
@@ -336,6 +337,54 @@ def test_volume_ready_needs_bound_claim_and_rolled_out_deployment() -> None:
     ready, why = reconcile.volume_ready(pvc, dep)
     assert not ready and "1/2" in why
     assert reconcile.volume_ready(pvc, None)[0] is False
+
+
+BOUND = {**reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET), "status": {"phase": "Bound"}}
+
+
+@pytest.mark.parametrize(("status", "why"), [
+    # The case: both new pods are up, but an old pod (without the mount) still
+    # serves during the surge.
+    ({"replicas": 3, "updatedReplicas": 2, "availableReplicas": 2},
+     "1 old pod(s) without the sandbox mount still running"),
+    ({"replicas": 2, "updatedReplicas": 2, "availableReplicas": 1},
+     "1/2 updated pods available"),
+    ({"replicas": 2, "updatedReplicas": 2},
+     "0/2 updated pods available"),
+    ({"replicas": 3, "updatedReplicas": 1, "availableReplicas": 3},
+     "1/2 pods updated"),
+    ({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2},
+     "has not observed the sandbox mount yet"),
+])
+def test_volume_ready_waits_for_the_rollout_to_complete(status: dict, why: str) -> None:
+    dep = service_deployment()
+    dep["status"] = {"observedGeneration": 3, **status}
+    ready, message = reconcile.volume_ready(BOUND, dep)
+    assert not ready
+    assert why in message
+
+
+def test_volume_ready_reports_a_stuck_rollout() -> None:
+    dep = service_deployment()
+    dep["status"] = {"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1,
+                     "availableReplicas": 2, "conditions": [{
+                         "type": "Progressing", "status": "False",
+                         "reason": "ProgressDeadlineExceeded",
+                         "message": 'ReplicaSet "agenttx-7d9" has timed out progressing.'}]}
+    ready, why = reconcile.volume_ready(BOUND, dep)
+    assert not ready
+    assert why == (
+        "the service Deployment is rolling out the sandbox mount (1/2 pods updated); "
+        "its rollout exceeded the progress deadline: "
+        'ReplicaSet "agenttx-7d9" has timed out progressing.')
+
+
+def test_volume_ready_once_every_pod_runs_the_mount() -> None:
+    dep = service_deployment()
+    assert reconcile.volume_ready(BOUND, dep) == (True, "")
+    dep["spec"]["replicas"] = 0  # scaled to zero: no pod can serve without the mount
+    dep["status"] = {"observedGeneration": 3}
+    assert reconcile.volume_ready(BOUND, dep) == (True, "")
 
 
 # ---- status ------------------------------------------------------------------------
