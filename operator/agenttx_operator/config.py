@@ -43,7 +43,9 @@ class OperatorConfig(BaseSettings):
     )
     etcd_prefix: str = Field(
         "/agenttx",
-        description="Key prefix shared with the service; policies go to <prefix>/policies/.",
+        description="Key prefix shared with the service, in the service's layout "
+        "(agenttx.store.layout.Keys: `agenttx` and `/agenttx/` both mean /agenttx); "
+        "policies go to /<prefix>/policies/.",
     )
     etcd_ca_file: str | None = Field(None, description="CA bundle to verify etcd (TLS).")
     etcd_cert_file: str | None = Field(None, description="Client certificate for etcd mTLS.")

@@ -35,6 +35,7 @@ import kopf
 
 from agenttx.errors import StoreError
 from agenttx.store.client import Store
+from agenttx.store.layout import Keys
 
 from . import publishing, reconcile
 from .config import OperatorConfig
@@ -47,6 +48,11 @@ ANNOTATION_PREFIX = "agenttx.io"
 log = logging.getLogger(__name__)
 
 
+def operator_keys(config: OperatorConfig) -> Keys:
+    """The etcd keys, in the service's own layout for the same `--etcd-prefix`."""
+    return Keys(config.etcd_prefix)
+
+
 @dataclass
 class Runtime:
     """What the handlers share; created by `main.operate` in the operator's loop and
@@ -56,7 +62,11 @@ class Runtime:
     target: reconcile.Target
     store: Store
     kube: KubeClient
+    keys: Keys = field(init=False, repr=False)
     sweeper: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.keys = operator_keys(self.config)
 
 
 def _now() -> str:
@@ -153,11 +163,9 @@ async def agenttx_cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def sweep_once(rt: Runtime) -> list[bytes]:
     """Unpublish the keys of policies that no longer exist (see module docstring)."""
     namespaces = rt.config.namespaces or None
-    published = await publishing.read_published(rt.store, rt.config.etcd_prefix)
+    published = await publishing.read_published(rt.store, rt.keys)
     existing = await rt.kube.list_policies(namespaces)
-    return await publishing.sweep_orphans(
-        rt.store, rt.config.etcd_prefix, published, existing, namespaces
-    )
+    return await publishing.sweep_orphans(rt.store, rt.keys, published, existing, namespaces)
 
 
 async def _sweep_forever(rt: Runtime) -> None:
@@ -229,9 +237,9 @@ async def _reconcile(
                           reason=reconcile.REASON_VOLUME_PENDING, message=why, claim=claim)
             raise kopf.TemporaryError(why, delay=rt.config.volume_poll_s)
 
-    key = reconcile.policy_key(rt.config.etcd_prefix, namespace, name).decode()
+    key = rt.keys.policy(namespace, name).decode()
     try:
-        written = await publishing.publish(rt.store, rt.config.etcd_prefix, policy)
+        written = await publishing.publish(rt.store, rt.keys, policy)
     except StoreError as exc:
         message = f"cannot publish to etcd (will retry): {exc}"
         _write_status(patch, status, generation=generation,
@@ -347,11 +355,11 @@ async def _finalize(
     delay = reconcile.retry_delay(retry, rt.config.etcd_retry_base_s, rt.config.etcd_retry_max_s)
     generation = int(meta.get("generation") or 0)
     claim = status.get("sandboxClaim") or None
-    key = reconcile.policy_key(rt.config.etcd_prefix, namespace, name).decode()
+    key = rt.keys.policy(namespace, name).decode()
 
     if actions.unpublish:
         try:
-            await publishing.unpublish(rt.store, rt.config.etcd_prefix, namespace, name)
+            await publishing.unpublish(rt.store, rt.keys, namespace, name)
         except StoreError as exc:
             message = f"cannot unpublish {key}: {exc}"
             if not last_attempt:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agenttx.engine.policy import PublishedPolicy, policy_to_json
+from agenttx.store.layout import Keys
 
 GROUP = "agenttx.io"
 VERSION = "v1alpha1"
@@ -225,17 +226,8 @@ def normalise(
     )
 
 
-def policy_key(prefix: str, namespace: str, name: str) -> bytes:
-    """`<prefix>/policies/<ns>/<name>`, the etcd key the service watches (SPEC §8)."""
-    return f"{prefix.rstrip('/')}/policies/{namespace}/{name}".encode()
-
-
-def policies_prefix(prefix: str) -> bytes:
-    return f"{prefix.rstrip('/')}/policies/".encode()
-
-
 def publish_payload(policy: PublishedPolicy) -> bytes:
-    """The bytes stored under `policy_key`: the service's wire format, byte-stable."""
+    """The bytes stored under `Keys.policy`: the service's wire format, byte-stable."""
     return policy_to_json(policy)
 
 
@@ -594,18 +586,18 @@ def delete_actions(spec: Any) -> DeleteActions:
 def orphaned_keys(
     published: Mapping[bytes, int],
     existing: Iterable[tuple[str, str]],
-    prefix: str,
+    keys: Keys,
     namespaces: Iterable[str] | None = None,
 ) -> dict[bytes, int]:
     """Published keys (key -> mod_revision) whose policy no longer exists.
 
-    Only keys under `<prefix>/policies/` in the watched `namespaces` (None: all) are
+    Only keys under `keys.policies_prefix()` in the watched `namespaces` (None: all) are
     considered, so operators watching other namespaces of a shared prefix are safe.
     The caller reads etcd before listing the policies and deletes each orphan with a
     compare on its mod_revision, so a policy published in between is never removed.
     """
-    base = policies_prefix(prefix)
-    alive = {policy_key(prefix, ns, n) for ns, n in existing}
+    base = keys.policies_prefix()
+    alive = {keys.policy(ns, n) for ns, n in existing}
     watched = None if namespaces is None else set(namespaces)
     orphans: dict[bytes, int] = {}
     for key, rev in published.items():

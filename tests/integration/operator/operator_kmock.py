@@ -25,6 +25,7 @@ import kmock
 
 from agenttx.engine.policy import PublishedPolicy, parse_published_policy
 from agenttx.store.client import Store
+from agenttx.store.layout import Keys
 from agenttx_operator import main, reconcile
 from agenttx_operator.config import OperatorConfig
 from agenttx_operator.kube import Credentials
@@ -320,7 +321,7 @@ def event_reasons(api: ApiServer, name: str) -> list[str]:
 
 async def published(store: Store, prefix: str, name: str, ns: str = "team-a"
                     ) -> PublishedPolicy | None:
-    kv = await store.get(reconcile.policy_key(prefix, ns, name))
+    kv = await store.get(Keys(prefix).policy(ns, name))
     return parse_published_policy(kv.value) if kv else None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import aiohttp
 import pytest
@@ -33,6 +34,7 @@ from operator_kmock import (
 
 from agenttx.store.client import Store
 from agenttx.store.embedded import EmbeddedEtcd, free_port
+from agenttx.store.layout import Keys
 from agenttx_operator import handlers, main, reconcile
 from agenttx_operator.kube import Credentials, KubeClient
 
@@ -85,15 +87,35 @@ async def test_resume_republishes_nothing_when_nothing_changed(
     async with running_operator(make_config(), api):
         await create(api, policy("steady", {"rollback": {"maxLocalDepth": 1}}))
         await eventually(reason_is(api, "steady", "Published"), what="Published")
-    first = await store.get(reconcile.policy_key(etcd_prefix, "team-a", "steady"))
+    first = await store.get(Keys(etcd_prefix).policy("team-a", "steady"))
     status_before = got(api, POLICIES, "team-a", "steady")["status"]
 
     async with running_operator(make_config(), api):  # operator restart: resume
         await eventually(lambda: "Handler 'agenttxpolicy_resume' succeeded" in caplog.text,
                          what="resume handler")
-    again = await store.get(reconcile.policy_key(etcd_prefix, "team-a", "steady"))
+    again = await store.get(Keys(etcd_prefix).policy("team-a", "steady"))
     assert again.mod_revision == first.mod_revision  # not rewritten
     assert got(api, POLICIES, "team-a", "steady")["status"] == status_before
+
+
+async def test_prefix_without_a_leading_slash_publishes_where_the_service_watches(
+    api: ApiServer, etcd_endpoint: str, store: Store
+) -> None:
+    """`agenttx operator --etcd-prefix agenttx` and `agenttx serve --etcd-prefix agenttx`
+    meet at /agenttx/policies/ (the service's key layout, agenttx.store.layout.Keys)."""
+    prefix = f"agenttx-{uuid.uuid4().hex[:8]}"
+    config = main.parse_config([
+        "--etcd-endpoints", etcd_endpoint, "--etcd-prefix", prefix,
+        "--service-namespace", SERVICE_NS, "--liveness-host", "127.0.0.1",
+        "--liveness-port", str(free_port())])
+    watched = Keys(prefix).policies_prefix()
+    assert watched == f"/{prefix}/policies/".encode()
+    async with running_operator(config, api):
+        await create(api, policy("slashless", {"priority": 7}))
+        cond = await eventually(reason_is(api, "slashless", "Published"), what="Published")
+    assert cond["message"] == f"generation 1 published at /{prefix}/policies/team-a/slashless"
+    assert [kv.key for kv in await store.get_prefix(watched)] == [watched + b"team-a/slashless"]
+    assert await store.get_prefix(f"{prefix}/".encode()) == []  # nothing outside the layout
 
 
 # ---- sandbox -----------------------------------------------------------------------
@@ -268,7 +290,7 @@ async def test_delete_with_etcd_down_releases_the_finalizer_and_the_sweep_unpubl
         removed = await handlers.sweep_once(rt)  # ...until the sweep runs
     finally:
         await kube.close()
-    assert removed == [reconcile.policy_key(etcd_prefix, "team-a", "orphan")]
+    assert removed == [Keys(etcd_prefix).policy("team-a", "orphan")]
     assert await published(store, etcd_prefix, "orphan") is None
 
 

@@ -64,7 +64,11 @@ async def test_replica_applies_published_rollback_settings_until_deleted(
 ) -> None:
     a, b = replicas
     agents = f"op-{uniq}-"
-    config = make_config(etcd_prefix=service_prefix(a))
+    # The service runs with `--etcd-prefix /agenttx-it`; the operator is given the same
+    # prefix without the leading slash (`--etcd-prefix agenttx-it`, a common way to
+    # write it) and must still publish where the replicas watch.
+    assert service_prefix(a).startswith("/")
+    config = make_config(etcd_prefix=service_prefix(a).lstrip("/"))
     async with running_operator(config, api):
         await create(api, policy(f"strict-{uniq}", {
             "priority": 1000, "selector": {"agentIdPrefix": agents},

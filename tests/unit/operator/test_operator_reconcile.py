@@ -9,7 +9,9 @@ import jsonpatch
 import pytest
 
 from agenttx.engine.policy import parse_published_policy
-from agenttx_operator import reconcile
+from agenttx.store.layout import Keys
+from agenttx_operator import handlers, reconcile
+from agenttx_operator.config import OperatorConfig
 from agenttx_operator.reconcile import Target
 
 TARGET = Target(service_namespace="agenttx-system", deployment="agenttx", container="agenttx")
@@ -139,9 +141,17 @@ def test_sandbox_path_uses_the_configured_mount_root() -> None:
     assert policy.sandbox_path == "/mnt/sb/ns/p"
 
 
-def test_policy_key_layout() -> None:
-    assert reconcile.policy_key("/agenttx", "ns", "p") == b"/agenttx/policies/ns/p"
-    assert reconcile.policy_key("/agenttx/", "ns", "p") == b"/agenttx/policies/ns/p"
+def test_operator_keys_are_the_service_keys() -> None:
+    """One key layout (agenttx.store.layout.Keys) for both processes, whichever way the
+    prefix is written."""
+    for prefix in ("agenttx", "/agenttx", "/agenttx/"):
+        config = OperatorConfig(_cli_parse_args=[], etcd_endpoints=["e:2379"],
+                                etcd_prefix=prefix)
+        keys = handlers.operator_keys(config)
+        assert keys.policies_prefix() == b"/agenttx/policies/"
+        assert keys.policy("ns", "p") == b"/agenttx/policies/ns/p"
+        assert keys.auth_jwks() == b"/agenttx/auth/jwks"
+    assert not hasattr(reconcile, "policy_key") and not hasattr(reconcile, "policies_prefix")
 
 
 # ---- names and the claim -----------------------------------------------------------
@@ -465,10 +475,11 @@ def test_orphaned_keys_respects_prefix_namespaces_and_live_policies() -> None:
         b"/other/policies/a/gone": 8,
     }
     existing = {("a", "live")}
-    assert reconcile.orphaned_keys(published, existing, "/agenttx") == {
-        b"/agenttx/policies/a/gone": 6, b"/agenttx/policies/b/gone": 7}
-    assert reconcile.orphaned_keys(published, existing, "/agenttx", ["a"]) == {
-        b"/agenttx/policies/a/gone": 6}
+    for keys in (Keys("/agenttx"), Keys("agenttx")):
+        assert reconcile.orphaned_keys(published, existing, keys) == {
+            b"/agenttx/policies/a/gone": 6, b"/agenttx/policies/b/gone": 7}
+        assert reconcile.orphaned_keys(published, existing, keys, ["a"]) == {
+            b"/agenttx/policies/a/gone": 6}
 
 
 def test_retry_delay_doubles_up_to_the_cap() -> None:
