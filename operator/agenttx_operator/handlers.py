@@ -78,10 +78,8 @@ def _claim_ref(rt: Runtime, namespace: str, name: str) -> str:
 
 
 def _old_reason(status: Any) -> str | None:
-    for cond in (status or {}).get("conditions") or []:
-        if isinstance(cond, dict) and cond.get("type") == reconcile.CONDITION_READY:
-            return cond.get("reason")
-    return None
+    cond = reconcile.find_condition(status, reconcile.CONDITION_READY)
+    return None if cond is None else cond.get("reason")
 
 
 def _write_status(
@@ -92,11 +90,12 @@ def _write_status(
     reason: str,
     message: str,
     claim: str | None,
+    claim_sync: reconcile.ClaimSync | None | reconcile.Keep = reconcile.KEEP,
 ) -> None:
     """Put the status change into kopf's patch (only the fields that differ)."""
     new = reconcile.build_status(
         dict(status or {}), generation=generation, reason=reason, message=message,
-        sandbox_claim=claim, now=_now(),
+        sandbox_claim=claim, now=_now(), claim_sync=claim_sync,
     )
     for key, value in (reconcile.status_patch(dict(status or {}), new) or {}).items():
         patch.status[key] = value
@@ -226,15 +225,21 @@ async def _reconcile(
         namespace, name, generation, spec_d, mount_root=rt.target.mount_root
     )
     claim: str | None = None
+    # No sandbox: the claim condition goes. Unknown (the claim could not be read): kept.
+    sync: reconcile.ClaimSync | None | reconcile.Keep = None
     if "sandbox" in spec_d:
         claim = _claim_ref(rt, namespace, name)
+        sync = reconcile.KEEP
         try:
-            ready, why = await _ensure_sandbox(rt, body, namespace, name, spec_d["sandbox"])
+            ready, why, sync = await _ensure_sandbox(rt, body, namespace, name, spec_d["sandbox"])
         except (KubeError, reconcile.ContainerNotFound) as exc:
             ready, why = False, str(exc)
+        if isinstance(sync, reconcile.ClaimSync):
+            _warn_claim_sync(body, status, sync)
         if not ready:
             _write_status(patch, status, generation=generation,
-                          reason=reconcile.REASON_VOLUME_PENDING, message=why, claim=claim)
+                          reason=reconcile.REASON_VOLUME_PENDING, message=why, claim=claim,
+                          claim_sync=sync)
             raise kopf.TemporaryError(why, delay=rt.config.volume_poll_s)
 
     key = rt.keys.policy(namespace, name).decode()
@@ -243,7 +248,8 @@ async def _reconcile(
     except StoreError as exc:
         message = f"cannot publish to etcd (will retry): {exc}"
         _write_status(patch, status, generation=generation,
-                      reason=reconcile.REASON_ETCD_UNAVAILABLE, message=message, claim=claim)
+                      reason=reconcile.REASON_ETCD_UNAVAILABLE, message=message, claim=claim,
+                      claim_sync=sync)
         _warn_once(body, status, reconcile.REASON_ETCD_UNAVAILABLE, message)
         raise kopf.TemporaryError(
             message,
@@ -260,21 +266,40 @@ async def _reconcile(
                                       delay=rt.config.volume_poll_s) from exc
 
     _write_status(patch, status, generation=generation, reason=reconcile.REASON_PUBLISHED,
-                  message=f"generation {generation} published at {key}", claim=claim)
+                  message=f"generation {generation} published at {key}", claim=claim,
+                  claim_sync=sync)
     if written:
         kopf.info(body, reason=reconcile.REASON_PUBLISHED,
                   message=f"generation {generation} published at {key}")
     logger.debug("policy %s/%s reconciled (written=%s)", namespace, name, written)
 
 
+def _warn_claim_sync(body: kopf.Body, status: Any, sync: reconcile.ClaimSync) -> None:
+    """A Warning event when the cluster refuses a resize, once per distinct refusal (not
+    on every reconcile while the condition stays the same)."""
+    if sync.reason != reconcile.REASON_RESIZE_REFUSED:
+        return
+    old = reconcile.find_condition(status, reconcile.CONDITION_CLAIM_SYNCED) or {}
+    if (old.get("reason"), old.get("message")) != (sync.reason, sync.message):
+        kopf.warn(body, reason="SandboxResizeRefused", message=sync.message)
+
+
 async def _ensure_sandbox(
     rt: Runtime, body: kopf.Body, namespace: str, name: str, sandbox: dict[str, Any]
-) -> tuple[bool, str]:
-    """Claim exists and matches, Deployment mounts it; then whether it is usable."""
+) -> tuple[bool, str, reconcile.ClaimSync]:
+    """Claim exists and matches, Deployment mounts it; then whether it is usable, and
+    whether the claim is what the spec asks for.
+
+    A resize the cluster refuses (403/422: a static PV, a class without expansion) is
+    reported in the returned ClaimSync, not raised: the sandbox still works at its
+    current size, so it must not keep the rest of the spec from being published.
+    """
     svc_ns = rt.target.service_namespace
     desired = reconcile.build_pvc(namespace, name, sandbox, rt.target)
     pvc_name = desired["metadata"]["name"]
     pvc = await rt.kube.get_pvc(svc_ns, pvc_name)
+    problems: tuple[str, ...] = ()
+    refused: tuple[int, str] | None = None
     if pvc is None:
         try:
             pvc = await rt.kube.create_pvc(desired)
@@ -285,21 +310,32 @@ async def _ensure_sandbox(
         kopf.info(body, reason="SandboxClaimCreated", message=f"claim {svc_ns}/{pvc_name}")
     else:
         plan = reconcile.plan_claim(pvc, desired)
+        problems = plan.problems
         if plan.patch:
             pvc = await rt.kube.patch_pvc(svc_ns, pvc_name, plan.patch)
+        if plan.resize:
+            try:
+                pvc = await rt.kube.patch_pvc(svc_ns, pvc_name, plan.resize)
+            except KubeError as exc:
+                if exc.status not in reconcile.RESIZE_REFUSED_STATUSES:
+                    raise
+                refused = (exc.status, exc.message)
         for problem in plan.problems:
             kopf.warn(body, reason="SandboxClaimDrift", message=problem)
+    sync = reconcile.claim_sync(pvc, desired, problems=problems, refused=refused)
 
     deployment = await rt.kube.get_deployment(svc_ns, rt.target.deployment)
     if deployment is None:
-        return False, f"the service Deployment {svc_ns}/{rt.target.deployment} does not exist"
+        return (False, f"the service Deployment {svc_ns}/{rt.target.deployment} does not exist",
+                sync)
     ops = reconcile.deployment_patch(deployment, namespace, name, rt.target, mounted=True)
     if ops:
         deployment = await rt.kube.json_patch_deployment(svc_ns, rt.target.deployment, ops)
         kopf.info(body, reason="SandboxMounted", message=(
             f"mounted at {reconcile.sandbox_path(namespace, name, rt.target.mount_root)} in "
             f"{svc_ns}/{rt.target.deployment}"))
-    return reconcile.volume_ready(pvc, deployment)
+    ready, why = reconcile.volume_ready(pvc, deployment)
+    return ready, why, sync
 
 
 async def _remove_sandbox(

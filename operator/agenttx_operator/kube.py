@@ -127,6 +127,7 @@ class KubeError(Exception):
     def __init__(self, status: int, method: str, path: str, message: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
         self.status = status
+        self.message = message
 
 
 class KubeClient:

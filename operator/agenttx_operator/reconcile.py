@@ -14,6 +14,7 @@ to do" (None), which is how a second reconcile of an unchanged policy changes no
 from __future__ import annotations
 
 import copy
+import enum
 import hashlib
 import math
 import re
@@ -34,6 +35,17 @@ REASON_PUBLISHED = "Published"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_ETCD_UNAVAILABLE = "EtcdUnavailable"
 REASON_VOLUME_PENDING = "VolumePending"
+
+# Whether the sandbox claim is what spec.sandbox asks for (only on policies with one).
+# False never holds up publishing: the sandbox works at the claim's current size.
+CONDITION_CLAIM_SYNCED = "SandboxClaimSynced"
+REASON_IN_SYNC = "InSync"
+REASON_RESIZE_REFUSED = "ResizeRefused"
+REASON_CLAIM_DRIFT = "ClaimDrift"
+# How a real API server refuses a claim resize: 403 from the PersistentVolumeClaimResize
+# admission plugin (a static PV, a StorageClass without allowVolumeExpansion), 422 from
+# PVC validation (e.g. a claim that is not bound). Neither passes by retrying.
+RESIZE_REFUSED_STATUSES = frozenset({403, 422})
 
 # Labels/annotations on the objects the operator creates in the service namespace.
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -297,10 +309,13 @@ def build_pvc(
 
 @dataclass(frozen=True)
 class ClaimPlan:
-    """How to bring an existing claim in line: a merge patch (None: nothing) and the
-    requested changes that a claim cannot take (reported, never forced)."""
+    """How to bring an existing claim in line: a merge patch of its metadata (None:
+    nothing), a separate merge patch that grows it (None: nothing; the cluster may
+    refuse it, which must not cost the metadata change), and the requested changes that
+    a claim cannot take (reported, never forced)."""
 
     patch: dict[str, Any] | None
+    resize: dict[str, Any] | None = None
     problems: tuple[str, ...] = ()
 
 
@@ -328,6 +343,7 @@ def plan_claim(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> Claim
     modes would need a new volume, so they are reported and left alone.
     """
     patch: dict[str, Any] = {}
+    resize: dict[str, Any] | None = None
     problems: list[str] = []
     want_anno = desired["metadata"]["annotations"]
     have_anno = existing.get("metadata", {}).get("annotations") or {}
@@ -346,7 +362,7 @@ def plan_claim(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> Claim
         except ValueError:
             grow, same = False, False
         if grow:
-            patch["spec"] = {"resources": {"requests": {"storage": want_size}}}
+            resize = {"spec": {"resources": {"requests": {"storage": want_size}}}}
         elif not same:
             problems.append(
                 f"sandbox.size {want_size} is smaller than the claim's {have_size}; "
@@ -364,7 +380,46 @@ def plan_claim(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> Claim
             f"sandbox.accessModes {want_spec['accessModes']} differ from the claim's "
             f"{have_spec.get('accessModes')}; they cannot change in place"
         )
-    return ClaimPlan(patch or None, tuple(problems))
+    return ClaimPlan(patch or None, resize, tuple(problems))
+
+
+def claim_size(pvc: Mapping[str, Any]) -> str:
+    """The storage a claim requests ("?" when it says nothing)."""
+    return str(pvc.get("spec", {}).get("resources", {}).get("requests", {}).get("storage", "?"))
+
+
+@dataclass(frozen=True)
+class ClaimSync:
+    """The SandboxClaimSynced condition: does the claim match spec.sandbox, and if not,
+    why (for `kubectl describe`)."""
+
+    synced: bool
+    reason: str
+    message: str
+
+
+def claim_sync(
+    pvc: Mapping[str, Any] | None,
+    desired: Mapping[str, Any],
+    *,
+    problems: Iterable[str] = (),
+    refused: tuple[int, str] | None = None,
+) -> ClaimSync:
+    """The claim's sync state after a reconcile. `refused` is the (HTTP status, API
+    message) with which the cluster refused to grow it; `problems` are `plan_claim`'s."""
+    problems = list(problems)
+    ref = f"{desired['metadata']['namespace']}/{desired['metadata']['name']}"
+    if refused is not None:
+        status, detail = refused
+        have = claim_size(pvc or {})
+        message = (
+            f"the cluster refused to resize claim {ref} from {have} to "
+            f"{claim_size(desired)} (HTTP {status}: {detail}); the sandbox keeps {have}"
+        )
+        return ClaimSync(False, REASON_RESIZE_REFUSED, "; ".join([message, *problems]))
+    if problems:
+        return ClaimSync(False, REASON_CLAIM_DRIFT, "; ".join(problems))
+    return ClaimSync(True, REASON_IN_SYNC, f"claim {ref} matches spec.sandbox")
 
 
 def claim_retained(pvc: Mapping[str, Any] | None) -> bool:
@@ -516,6 +571,41 @@ def volume_ready(
 
 # ---- status ------------------------------------------------------------------------
 
+class Keep(enum.Enum):
+    """`build_status(claim_sync=KEEP)`: leave that condition as it is."""
+
+    KEEP = "keep"
+
+
+KEEP = Keep.KEEP
+
+
+def find_condition(status: Any, kind: str) -> dict[str, Any] | None:
+    """The condition of type `kind` in a status (None: absent)."""
+    for cond in (status or {}).get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def _condition(
+    old: Mapping[str, Any] | None, kind: str, ok: bool, reason: str, message: str,
+    generation: int, now: str,
+) -> dict[str, Any]:
+    cond_status = "True" if ok else "False"
+    transition = now
+    if old and old.get("status") == cond_status and old.get("lastTransitionTime"):
+        transition = old["lastTransitionTime"]
+    return {
+        "type": kind,
+        "status": cond_status,
+        "observedGeneration": generation,
+        "lastTransitionTime": transition,
+        "reason": reason,
+        "message": message[:32768],
+    }
+
+
 def build_status(
     old_status: Mapping[str, Any] | None,
     *,
@@ -524,30 +614,29 @@ def build_status(
     message: str,
     sandbox_claim: str | None,
     now: str,
+    claim_sync: ClaimSync | None | Keep = KEEP,
 ) -> dict[str, Any]:
-    """The policy's status: observedGeneration, sandboxClaim and the Ready condition.
+    """The policy's status: observedGeneration, sandboxClaim and the conditions.
 
-    Ready is True only for `Published`. `lastTransitionTime` moves only when the
-    condition's status flips (Kubernetes' convention), so reconciling an unchanged
-    policy yields an identical status. Other conditions are kept as they were.
+    Ready is True only for `Published`. SandboxClaimSynced is set from `claim_sync`,
+    removed when it is None (no sandbox), left as it was for KEEP. `lastTransitionTime`
+    moves only when a condition's status flips (Kubernetes' convention), so reconciling
+    an unchanged policy yields an identical status. Other conditions are kept as they
+    were; ours come last, SandboxClaimSynced before Ready.
     """
     old_status = old_status or {}
     old_conditions = [c for c in old_status.get("conditions") or [] if isinstance(c, Mapping)]
-    old_ready = next((c for c in old_conditions if c.get("type") == CONDITION_READY), None)
-    cond_status = "True" if reason == REASON_PUBLISHED else "False"
-    transition = now
-    if old_ready and old_ready.get("status") == cond_status and old_ready.get("lastTransitionTime"):
-        transition = old_ready["lastTransitionTime"]
-    ready = {
-        "type": CONDITION_READY,
-        "status": cond_status,
-        "observedGeneration": generation,
-        "lastTransitionTime": transition,
-        "reason": reason,
-        "message": message[:32768],
-    }
-    conditions = [dict(c) for c in old_conditions if c.get("type") != CONDITION_READY]
-    conditions.append(ready)
+    ours = {CONDITION_READY, CONDITION_CLAIM_SYNCED}
+    conditions = [dict(c) for c in old_conditions if c.get("type") not in ours]
+    old_claim = find_condition(old_status, CONDITION_CLAIM_SYNCED)
+    if claim_sync is KEEP:
+        if old_claim is not None:
+            conditions.append(old_claim)
+    elif claim_sync is not None:
+        conditions.append(_condition(old_claim, CONDITION_CLAIM_SYNCED, claim_sync.synced,
+                                     claim_sync.reason, claim_sync.message, generation, now))
+    conditions.append(_condition(find_condition(old_status, CONDITION_READY), CONDITION_READY,
+                                 reason == REASON_PUBLISHED, reason, message, generation, now))
     status: dict[str, Any] = {"observedGeneration": generation, "conditions": conditions}
     status["sandboxClaim"] = sandbox_claim or ""
     return status

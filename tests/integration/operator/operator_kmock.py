@@ -5,7 +5,8 @@ RFC 6902 JSON patch (kopf uses it for finalizers, the operator for the Deploymen
 keep `resourceVersion` (kopf's JSON patches test it), bump `metadata.generation` on
 spec changes (status reports it) or honour `generateName` (kopf's events use it).
 `ApiServer` adds exactly those behaviours of a real API server (kmock's docs invite
-subclassing for such "special" treatment), and nothing else.
+subclassing for such "special" treatment), plus, on request, the refusal of a claim
+resize by a real API server's admission (`refuse_claim_resize`), and nothing else.
 """
 
 from __future__ import annotations
@@ -37,17 +38,32 @@ EVENTS = "v1/events"
 SERVICE_NS = "agenttx-system"
 
 
+# What a real API server answers when a claim cannot grow: the PersistentVolumeClaimResize
+# admission plugin (plugin/pkg/admission/storage/persistentvolume/resize) for a static PV
+# or a StorageClass without allowVolumeExpansion, and PVC validation
+# (pkg/apis/core/validation) for a claim that is not bound yet.
+RESIZE_FORBIDDEN = (403, "Forbidden", 'persistentvolumeclaims "{name}" is forbidden: only '
+                    "dynamically provisioned pvc can be resized and the storageclass that "
+                    "provisions the pvc must support resize")
+RESIZE_INVALID = (422, "Invalid", 'PersistentVolumeClaim "{name}" is invalid: spec: Forbidden: '
+                  "spec is immutable after creation except resources.requests and "
+                  "volumeAttributesClassName for bound claims")
+
+
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator + RFC 6902 JSON patch, resourceVersion, generation bumps and
-    generateName. `json_patches` records the patches sent to Deployments."""
+    generateName. `json_patches` records the patches sent to Deployments; set
+    `refuse_claim_resize` (RESIZE_FORBIDDEN, RESIZE_INVALID) to refuse claim resizes."""
 
     json_patches: list[tuple[str, list[dict[str, Any]]]]
     revision: int
+    refuse_claim_resize: tuple[int, str, str] | None
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.json_patches = []
         self.revision = 100
+        self.refuse_claim_resize = None
 
     def next_revision(self) -> str:
         self.revision += 1
@@ -63,6 +79,9 @@ class ApiServer(kmock.KubernetesEmulator):
         return self._buses[request.resource]
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        refusal = self._claim_resize_refusal(request)
+        if refusal is not None:
+            return await self._render_error(refusal)
         if request.action == kmock.action.UPDATE and isinstance(request.data, list):
             return await self._json_patch(request)
         if request.action == kmock.action.DELETE and request.name is not None:
@@ -86,6 +105,24 @@ class ApiServer(kmock.KubernetesEmulator):
                 if merged != old.get("spec", {}):
                     meta["generation"] = int(old.get("metadata", {}).get("generation", 1)) + 1
         return await super()._handle(request)
+
+    def _claim_resize_refusal(self, request: kmock.Request) -> kmock.KubernetesError | None:
+        """The error for a PATCH that changes a claim's requested storage, when refusing."""
+        if (self.refuse_claim_resize is None or request.action != kmock.action.UPDATE
+                or request.resource is None or request.resource.plural != "persistentvolumeclaims"
+                or not isinstance(request.data, dict)):
+            return None
+        storage = (((request.data.get("spec") or {}).get("resources") or {})
+                   .get("requests") or {}).get("storage")
+        key = self._key(request)
+        if storage is None or key not in self.objects or self.objects[key].deleted:
+            return None
+        have = self.objects[key].raw.get("spec", {}).get("resources", {}).get("requests", {})
+        if have.get("storage") == storage:
+            return None
+        status, reason, message = self.refuse_claim_resize
+        return kmock.KubernetesError(status=status, reason=reason,
+                                     message=message.format(name=request.name), details={})
 
     async def _delete_with_finalizers(self, request: kmock.Request
                                       ) -> aiohttp.web.StreamResponse | None:

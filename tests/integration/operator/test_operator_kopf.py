@@ -13,6 +13,8 @@ from operator_kmock import (
     DEPLOYMENTS,
     POLICIES,
     PVCS,
+    RESIZE_FORBIDDEN,
+    RESIZE_INVALID,
     SERVICE_NS,
     ApiServer,
     bind_claim_and_roll_out,
@@ -190,6 +192,69 @@ async def test_sandbox_policy_is_not_published_while_an_old_pod_still_serves(
         await eventually(reason_is(api, "surge", "Published"), what="Published")
         assert (await current(store, etcd_prefix, "surge")).sandbox_path == \
             "/sandboxes/team-a/surge"
+
+
+def claim_condition(api: ApiServer, name: str) -> dict | None:
+    body = obj(api, POLICIES, "team-a", name) or {}
+    for cond in body.get("status", {}).get("conditions", []):
+        if cond["type"] == reconcile.CONDITION_CLAIM_SYNCED:
+            return cond
+    return None
+
+
+@pytest.mark.parametrize("refusal", [RESIZE_FORBIDDEN, RESIZE_INVALID], ids=["403", "422"])
+async def test_refused_claim_resize_warns_and_still_publishes_the_rest_of_the_spec(
+    api: ApiServer, make_config, store: Store, etcd_prefix: str,
+    refusal: tuple[int, str, str]
+) -> None:
+    async with running_operator(make_config(), api):
+        await create(api, policy("grow", {"rollback": {"maxLocalDepth": 1},
+                                          "sandbox": {"size": "1Gi"}}))
+        claim = reconcile.claim_name("team-a", "grow")
+        await eventually(lambda: obj(api, PVCS, SERVICE_NS, claim), what="claim")
+        await bind_claim_and_roll_out(api, "team-a", "grow")
+        await eventually(reason_is(api, "grow", "Published"), what="Published")
+        assert claim_condition(api, "grow")["status"] == "True"
+
+        # A static PV or a class without expansion: the cluster refuses the bigger size.
+        api.refuse_claim_resize = refusal
+        await patch_spec(api, "grow", {"rollback": {"maxLocalDepth": 4},
+                                       "sandbox": {"size": "2Gi"}})
+        cond = await eventually(reason_is(api, "grow", "Published", generation=2),
+                                what="generation 2 published despite the refusal")
+        assert cond["status"] == "True"
+        p = await current(store, etcd_prefix, "grow")
+        assert (p.generation, p.max_local_depth) == (2, 4)
+        assert p.sandbox_path == "/sandboxes/team-a/grow"
+        assert got(api, PVCS, SERVICE_NS, claim)["spec"]["resources"]["requests"] == {
+            "storage": "1Gi"}
+
+        synced = claim_condition(api, "grow")
+        status, _, message = refusal
+        assert synced is not None
+        assert (synced["status"], synced["reason"], synced["observedGeneration"]) == (
+            "False", "ResizeRefused", 2)
+        assert synced["message"] == (
+            f"the cluster refused to resize claim {SERVICE_NS}/{claim} from 1Gi to 2Gi "
+            f"(HTTP {status}: {message.format(name=claim)}); the sandbox keeps 1Gi")
+        await eventually(lambda: "SandboxResizeRefused" in event_reasons(api, "grow"),
+                         what="Warning event")
+
+        # Another change while the cluster still refuses: no second Warning.
+        await patch_spec(api, "grow", {"rollback": {"maxLocalDepth": 5}})
+        await eventually(reason_is(api, "grow", "Published", generation=3), what="gen 3")
+        assert event_reasons(api, "grow").count("SandboxResizeRefused") == 1
+
+        # Once the cluster allows it (e.g. the class gained expansion), the next
+        # reconcile grows the claim and the condition clears.
+        api.refuse_claim_resize = None
+        await patch_spec(api, "grow", {"rollback": {"maxLocalDepth": 6}})
+        await eventually(reason_is(api, "grow", "Published", generation=4), what="gen 4")
+        assert got(api, PVCS, SERVICE_NS, claim)["spec"]["resources"]["requests"] == {
+            "storage": "2Gi"}
+        synced = claim_condition(api, "grow")
+        assert synced is not None
+        assert (synced["status"], synced["reason"]) == ("True", "InSync")
 
 
 @pytest.mark.parametrize("reclaim", ["Delete", "Retain"])

@@ -194,27 +194,43 @@ def test_plan_claim_is_empty_for_the_claim_it_built() -> None:
     live = copy.deepcopy(desired)
     live["spec"]["volumeName"] = "pv-123"  # server-side additions do not count
     live["status"] = {"phase": "Bound"}
-    assert reconcile.plan_claim(live, desired) == reconcile.ClaimPlan(None, ())
+    assert reconcile.plan_claim(live, desired) == reconcile.ClaimPlan(None, None, ())
 
 
 def test_plan_claim_grows_but_never_shrinks_or_moves() -> None:
     live = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
     bigger = reconcile.build_pvc("ns", "p", {"size": "2048Mi", "reclaimPolicy": "Retain"}, TARGET)
     plan = reconcile.plan_claim(live, bigger)
+    # Two patches: the cluster may refuse the resize, never the annotation.
     assert plan.patch == {
-        "metadata": {"annotations": {reconcile.ANNOTATION_RECLAIM_POLICY: "Retain"}},
-        "spec": {"resources": {"requests": {"storage": "2048Mi"}}},
-    }
+        "metadata": {"annotations": {reconcile.ANNOTATION_RECLAIM_POLICY: "Retain"}}}
+    assert plan.resize == {"spec": {"resources": {"requests": {"storage": "2048Mi"}}}}
     assert plan.problems == ()
     same = reconcile.build_pvc("ns", "p", {"size": "1024Mi"}, TARGET)
-    assert reconcile.plan_claim(live, same) == reconcile.ClaimPlan(None, ())
+    assert reconcile.plan_claim(live, same) == reconcile.ClaimPlan(None, None, ())
     smaller = reconcile.build_pvc(
         "ns", "p", {"size": "500Mi", "storageClassName": "fast",
                     "accessModes": ["ReadWriteOnce"]}, TARGET)
     plan = reconcile.plan_claim(live, smaller)
-    assert plan.patch is None
+    assert plan.patch is None and plan.resize is None
     assert [p.split(" ", 1)[0] for p in plan.problems] == [
         "sandbox.size", "sandbox.storageClassName", "sandbox.accessModes"]
+
+
+def test_claim_sync_reports_a_refused_resize_with_the_api_message() -> None:
+    live = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    bigger = reconcile.build_pvc("ns", "p", {"size": "5Gi"}, TARGET)
+    sync = reconcile.claim_sync(live, bigger, refused=(403, "only dynamically provisioned "
+                                                            "pvc can be resized"))
+    claim = reconcile.claim_name("ns", "p")
+    assert sync == reconcile.ClaimSync(False, "ResizeRefused", (
+        f"the cluster refused to resize claim agenttx-system/{claim} from 1Gi to 5Gi "
+        "(HTTP 403: only dynamically provisioned pvc can be resized); the sandbox keeps 1Gi"))
+    drift = reconcile.claim_sync(live, bigger, problems=["sandbox.accessModes differ"])
+    assert (drift.synced, drift.reason, drift.message) == (
+        False, "ClaimDrift", "sandbox.accessModes differ")
+    assert reconcile.claim_sync(live, live) == reconcile.ClaimSync(
+        True, "InSync", f"claim agenttx-system/{claim} matches spec.sandbox")
 
 
 def test_quantities_compare_in_bytes() -> None:
@@ -449,6 +465,37 @@ def test_status_is_idempotent_and_keeps_other_conditions() -> None:
     changed = reconcile.build_status(first, generation=4, reason=reconcile.REASON_PUBLISHED,
                                      message="ok", sandbox_claim=None, now=LATER)
     assert set(reconcile.status_patch(first, changed)) == {"observedGeneration", "conditions"}
+
+
+def test_status_claim_condition_is_set_kept_and_removed() -> None:
+    refused = reconcile.ClaimSync(False, "ResizeRefused", "refused")
+    first = reconcile.build_status(None, generation=2, reason=reconcile.REASON_PUBLISHED,
+                                   message="ok", sandbox_claim="s/c", now=NOW,
+                                   claim_sync=refused)
+    assert first["conditions"] == [
+        {"type": "SandboxClaimSynced", "status": "False", "observedGeneration": 2,
+         "lastTransitionTime": NOW, "reason": "ResizeRefused", "message": "refused"},
+        {"type": "Ready", "status": "True", "observedGeneration": 2,
+         "lastTransitionTime": NOW, "reason": "Published", "message": "ok"},
+    ]
+    # KEEP (an invalid spec, a deletion): the claim condition stays exactly as it was.
+    kept = reconcile.build_status(first, generation=3, reason=reconcile.REASON_INVALID_SPEC,
+                                  message="bad", sandbox_claim="s/c", now=LATER)
+    assert kept["conditions"][0] == first["conditions"][0]
+    # Same False status again: the transition time stays; flipping to True moves it.
+    again = reconcile.build_status(first, generation=3, reason=reconcile.REASON_PUBLISHED,
+                                   message="ok", sandbox_claim="s/c", now=LATER,
+                                   claim_sync=refused)
+    assert again["conditions"][0]["lastTransitionTime"] == NOW
+    fixed = reconcile.build_status(again, generation=4, reason=reconcile.REASON_PUBLISHED,
+                                   message="ok", sandbox_claim="s/c", now=LATER,
+                                   claim_sync=reconcile.ClaimSync(True, "InSync", "fine"))
+    assert fixed["conditions"][0]["status"] == "True"
+    assert fixed["conditions"][0]["lastTransitionTime"] == LATER
+    # No sandbox any more: the condition goes.
+    gone = reconcile.build_status(fixed, generation=5, reason=reconcile.REASON_PUBLISHED,
+                                  message="ok", sandbox_claim=None, now=LATER, claim_sync=None)
+    assert [c["type"] for c in gone["conditions"]] == ["Ready"]
 
 
 # ---- deletion ----------------------------------------------------------------------
