@@ -11,6 +11,16 @@ Ordering, so a transaction never sees a sandbox path that is not there:
                         unmounted (and its claim deleted unless it is marked Retain).
   delete (finalizer):   unpublish -> unmount -> delete the claim unless Retain.
 
+Operator-wide background tasks (started at startup, cancelled at cleanup; kopf would
+cancel them as "hung" at exit anyway, so they only ever stop by cancellation):
+  orphan sweep:         every `sweep_interval_s`, see below.
+  issuer keys:          every `jwks_refresh_s` (`jwks_publish`), read the API server's
+                        service-account issuer discovery and keys with the operator's
+                        own credentials and publish them for the service (SPEC §9).
+                        A failure (API server, etcd, a document that does not
+                        validate) keeps what is published, logs a warning and retries
+                        with backoff: keys are never deleted because of a hiccup.
+
 The finalizer is never stuck: a delete that keeps failing (etcd down, API errors) is
 retried with backoff `delete_etcd_attempts` times, then a Warning event is posted and
 the finalizer released. A key left behind that way is removed by the orphan sweep
@@ -31,13 +41,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import kopf
 
 from agenttx.errors import StoreError
 from agenttx.store.client import Store
 from agenttx.store.layout import Keys
 
-from . import publishing, reconcile
+from . import jwks, publishing, reconcile
 from .config import OperatorConfig
 from .kube import KubeClient, KubeError
 
@@ -63,7 +74,7 @@ class Runtime:
     store: Store
     kube: KubeClient
     keys: Keys = field(init=False, repr=False)
-    sweeper: asyncio.Task[None] | None = field(default=None, repr=False)
+    background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.keys = operator_keys(self.config)
@@ -141,7 +152,13 @@ async def agenttx_startup(
             f"the API server does not serve {reconcile.PLURAL}.{reconcile.GROUP}/"
             f"{reconcile.VERSION}: install the CRD (crds/) first"
         )
-    rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="agenttx-orphan-sweep")
+    rt.background.append(
+        asyncio.create_task(_sweep_forever(rt), name="agenttx-orphan-sweep"))
+    if rt.config.jwks_publish:
+        rt.background.append(
+            asyncio.create_task(_jwks_forever(rt), name="agenttx-jwks-refresh"))
+    else:
+        log.info("not publishing the service-account issuer keys (jwks_publish is off)")
     logger.info(
         "serving AgentTxPolicies in %s; sandboxes go to %s/%s",
         ", ".join(rt.config.namespaces) or "all namespaces",
@@ -152,11 +169,12 @@ async def agenttx_startup(
 @kopf.on.cleanup()
 async def agenttx_cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
-    if rt.sweeper is not None:
-        rt.sweeper.cancel()
+    tasks, rt.background = rt.background, []
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
-            await rt.sweeper
-        rt.sweeper = None
+            await task
 
 
 async def sweep_once(rt: Runtime) -> list[bytes]:
@@ -174,6 +192,59 @@ async def _sweep_forever(rt: Runtime) -> None:
         except (StoreError, KubeError, OSError) as exc:
             log.warning("orphan sweep skipped: %s", exc)
         await asyncio.sleep(rt.config.sweep_interval_s)
+
+
+async def refresh_jwks(rt: Runtime) -> bool:
+    """Read the issuer discovery and the keys from the API server, publish them if they
+    changed. Returns True when it wrote.
+
+    Raises on any failure (the API server, etcd, a document that does not validate);
+    nothing is written then, so what was published stays.
+    """
+    discovery = jwks.parse_discovery(await rt.kube.get_json(jwks.DISCOVERY_PATH))
+    # The API server's own route, not jwks_uri's host: that names the issuer as seen
+    # from outside, which may be unreachable from this pod (see jwks.JWKS_PATH).
+    keyset = await rt.kube.get_json(jwks.JWKS_PATH, accept=jwks.JWKS_ACCEPT)
+    document = jwks.build_document(discovery, keyset)
+    written = await publishing.publish_jwks(rt.store, rt.keys, jwks.encode(document))
+    if written:
+        where = rt.keys.auth_jwks().decode()
+        elsewhere = (
+            "" if discovery.jwks_uri_path == jwks.JWKS_PATH else
+            f" (discovery advertises {discovery.jwks_uri}; the keys were read from the "
+            f"API server's {jwks.JWKS_PATH})"
+        )
+        log.info("published the service-account issuer keys at %s: %s%s", where,
+                 jwks.describe(document), elsewhere,
+                 extra={"jwks_key": where, "jwks_issuer": discovery.issuer,
+                        "jwks_kids": [k.get("kid") for k in document["jwks"]["keys"]]})
+    return written
+
+
+# What a refresh can run into that passes by retrying (a bug is logged with traceback).
+_JWKS_FAILURES = (KubeError, jwks.JwksError, StoreError, aiohttp.ClientError, TimeoutError,
+                  OSError)
+
+
+async def _jwks_forever(rt: Runtime) -> None:
+    failures = 0
+    while True:
+        try:
+            await refresh_jwks(rt)
+            failures, delay = 0, rt.config.jwks_refresh_s
+        except Exception as exc:
+            delay = min(rt.config.jwks_refresh_s, reconcile.retry_delay(
+                failures, rt.config.etcd_retry_base_s, rt.config.etcd_retry_max_s))
+            failures += 1
+            where = rt.keys.auth_jwks().decode()
+            log.warning(
+                "cannot refresh the service-account issuer keys (attempt %d; what is "
+                "published at %s stays; next try in %.1fs): %s", failures, where, delay, exc,
+                exc_info=not isinstance(exc, _JWKS_FAILURES),
+                extra={"jwks_key": where, "jwks_failures": failures,
+                       "jwks_retry_in_s": delay, "jwks_error": str(exc),
+                       "jwks_error_type": type(exc).__name__})
+        await asyncio.sleep(delay)
 
 
 # ---- create / update / resume ------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Publishing policies into etcd, where the service replicas watch them (SPEC §8).
+"""Publishing policies (SPEC §8) and the service-account issuer keys (SPEC §9) into
+etcd, where the service replicas read them.
 
 Why etcd and not the Kubernetes API: the service pods keep all their state in etcd and
 get no Kubernetes API rights, so the operator is the only bridge between the two.
@@ -6,8 +7,9 @@ get no Kubernetes API rights, so the operator is the only bridge between the two
 What it must never do: open its own etcd connection (it uses `agenttx.store.client`,
 the project's one gateway), build a key itself (every key comes from the service's
 `agenttx.store.layout.Keys`, so both processes agree on `--etcd-prefix agenttx` and
-`/agenttx` alike), or retry on its own; a StoreUnavailable goes back to the handler,
-which reports EtcdUnavailable and lets kopf retry with backoff.
+`/agenttx` alike), or retry on its own; a StoreUnavailable goes back to the caller (a
+handler reports EtcdUnavailable and lets kopf retry with backoff; the issuer-key
+refresher keeps what is published and retries with backoff).
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ async def publish(store: Store, keys: Keys, policy: PublishedPolicy) -> bool:
     value = reconcile.publish_payload(policy)
     result = await store.txn(
         [cmp_value(key, value)], [], [op_put(key, value)], what="publish policy"
+    )
+    return not result.succeeded
+
+
+async def publish_jwks(store: Store, keys: Keys, value: bytes) -> bool:
+    """Write the issuer keys document (`jwks.encode`'s bytes) unless etcd already holds
+    exactly these bytes (one round trip). Returns True when it wrote. Never deletes:
+    keeping the last good keys is the answer to every failure upstream."""
+    key = keys.auth_jwks()
+    result = await store.txn(
+        [cmp_value(key, value)], [], [op_put(key, value)], what="publish issuer keys"
     )
     return not result.succeeded
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import copy
 import datetime
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,12 +23,14 @@ from typing import Any
 
 import aiohttp.web
 import jsonpatch
+import jwt
 import kmock
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from agenttx.engine.policy import PublishedPolicy, parse_published_policy
 from agenttx.store.client import Store
 from agenttx.store.layout import Keys
-from agenttx_operator import main, reconcile
+from agenttx_operator import jwks, main, reconcile
 from agenttx_operator.config import OperatorConfig
 from agenttx_operator.kube import Credentials
 
@@ -199,6 +202,61 @@ class ApiServer(kmock.KubernetesEmulator):
         return aiohttp.web.json_response(new)
 
 
+def public_jwk(kid: str) -> dict[str, Any]:
+    """An RSA public key as the API server serves it in /openid/v1/jwks."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return {**jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True),
+            "kid": kid, "use": "sig", "alg": "RS256"}
+
+
+class Issuer:
+    """The API server's service-account issuer discovery, as kmock reactions on the two
+    non-resource URLs (kmock serves any path given as `kmock['get /path'] << payload`).
+
+    Like a real API server: discovery names an external issuer host in `jwks_uri`, the
+    key set is served as application/jwk-set+json and a request that accepts only
+    application/json gets 406. Change `keys` to rotate, set `failure` to an HTTP status
+    to make discovery fail, `keyset` to serve something else than `{"keys": keys}`.
+    """
+
+    ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+    def __init__(self, api: ApiServer, keys: list[dict[str, Any]]) -> None:
+        self.api = api
+        self.keys = keys
+        self.keyset: Any = None
+        self.failure: int | None = None
+        api[f"get {jwks.DISCOVERY_PATH}"] << self._discovery
+        api[f"get {jwks.JWKS_PATH}"] << self._jwks
+
+    def _discovery(self) -> Any:
+        if self.failure is not None:
+            raise kmock.KubernetesError(status=self.failure, reason="ServiceUnavailable",
+                                        message="etcdserver: request timed out", details={})
+        return {
+            "issuer": self.ISSUER,
+            "jwks_uri": "https://172.18.0.2:6443/openid/v1/jwks",
+            "response_types_supported": ["id_token"],
+            "subject_types_supported": ["public"],
+            "id_token_signing_alg_values_supported": ["RS256"],
+        }
+
+    def _jwks(self, request: kmock.Request) -> Any:
+        accept = request.headers.get("Accept") or request.headers.get("accept") or ""
+        if "application/jwk-set+json" not in accept:
+            raise kmock.KubernetesError(
+                status=406, reason="NotAcceptable", details={},
+                message="406: Not Acceptable\n\nAvailable representations: "
+                        "application/jwk-set+json")
+        body = {"keys": self.keys} if self.keyset is None else self.keyset
+        return kmock.Response(payload=json.dumps(body).encode(),
+                              headers={"Content-Type": "application/jwk-set+json"})
+
+    def requests(self, path: str) -> int:
+        """How many requests the operator has made to `path` so far."""
+        return sum(1 for r in list(self.api) if r.url.path == path)
+
+
 def _rv(value: object) -> int:
     try:
         return int(str(value))
@@ -246,16 +304,18 @@ def policy(name: str, spec: dict[str, Any], namespace: str = "team-a") -> dict[s
 
 
 @contextlib.asynccontextmanager
-async def running_operator(config: OperatorConfig, api: ApiServer) -> AsyncIterator[None]:
+async def running_operator(config: OperatorConfig, api: ApiServer, *, token: str | None = None
+                           ) -> AsyncIterator[None]:
     """The real `main.operate` in its own thread and event loop (as in production, never
-    the test's loop), pointed at kmock; stopped and joined on exit."""
+    the test's loop), pointed at kmock (with `token` as its bearer token); stopped and
+    joined on exit."""
     stop, ready = threading.Event(), threading.Event()
     failure: list[BaseException] = []
     url = str(api.url).rstrip("/")
 
     def target() -> None:
         try:
-            asyncio.run(main.operate(config, credentials=Credentials(server=url),
+            asyncio.run(main.operate(config, credentials=Credentials(server=url, token=token),
                                      stop_flag=stop, ready_flag=ready))
         except BaseException as exc:  # surfaced in the test
             failure.append(exc)

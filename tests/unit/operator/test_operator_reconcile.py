@@ -1,4 +1,5 @@
-"""Pure reconcile functions of the AgentTxPolicy operator: no kopf, API server or etcd."""
+"""Pure functions of the operator (`reconcile`, and `jwks` for the issuer keys): no
+kopf, API server or etcd."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import copy
 import json
 
 import jsonpatch
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from agenttx.engine.policy import parse_published_policy
 from agenttx.store.layout import Keys
-from agenttx_operator import handlers, reconcile
+from agenttx_operator import handlers, jwks, reconcile
 from agenttx_operator.config import OperatorConfig
 from agenttx_operator.reconcile import Target
 
@@ -532,3 +535,88 @@ def test_orphaned_keys_respects_prefix_namespaces_and_live_policies() -> None:
 def test_retry_delay_doubles_up_to_the_cap() -> None:
     assert [reconcile.retry_delay(r, 2, 60) for r in range(7)] == [2, 4, 8, 16, 32, 60, 60]
     assert reconcile.retry_delay(10_000, 2, 60) == 60
+
+
+# ---- service-account issuer keys (jwks) ---------------------------------------------
+
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+DISCOVERY = {
+    "issuer": ISSUER,
+    "jwks_uri": "https://172.18.0.2:6443/openid/v1/jwks",
+    "response_types_supported": ["id_token"],
+    "subject_types_supported": ["public"],
+    "id_token_signing_alg_values_supported": ["RS256"],
+}
+
+
+def public_jwk(kid: str) -> dict:
+    """An RSA public key as the API server serves it in /openid/v1/jwks."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return {**jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True),
+            "kid": kid, "use": "sig", "alg": "RS256"}
+
+
+@pytest.fixture(scope="module")
+def k1() -> dict:
+    return public_jwk("k1")
+
+
+def test_discovery_gives_issuer_and_jwks_uri() -> None:
+    d = jwks.parse_discovery(DISCOVERY)
+    assert d == jwks.Discovery(issuer=ISSUER, jwks_uri=DISCOVERY["jwks_uri"])
+    assert d.jwks_uri_path == jwks.JWKS_PATH
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ([DISCOVERY], "the discovery document is not a JSON object"),
+    ({**DISCOVERY, "issuer": ""}, 'the discovery document has no issuer: ""'),
+    ({"jwks_uri": "https://x/openid/v1/jwks"}, "the discovery document has no issuer: null"),
+    ({**DISCOVERY, "jwks_uri": 7}, "the discovery document has no jwks_uri: 7"),
+])
+def test_discovery_without_issuer_or_jwks_uri_is_refused(doc: object, message: str) -> None:
+    with pytest.raises(jwks.JwksError) as err:
+        jwks.parse_discovery(doc)
+    assert str(err.value).startswith(message)
+
+
+def test_document_is_issuer_and_the_public_keys(k1: dict) -> None:
+    doc = jwks.build_document(jwks.parse_discovery(DISCOVERY), {"keys": [k1], "extra": 1})
+    assert doc == {"issuer": ISSUER, "jwks": {"keys": [k1]}}
+    assert jwks.describe(doc) == f"issuer {ISSUER}, 1 key(s): k1"
+    # What the service will do with it: PyJWT loads the published key set.
+    assert [k.key_id for k in jwt.PyJWKSet.from_dict(doc["jwks"])] == ["k1"]
+
+
+def test_document_is_byte_stable(k1: dict) -> None:
+    d = jwks.parse_discovery(DISCOVERY)
+    shuffled = dict(reversed(list(k1.items())))
+    first = jwks.encode(jwks.build_document(d, {"keys": [k1]}))
+    assert first == jwks.encode(jwks.build_document(d, {"keys": [shuffled]}))
+    assert json.loads(first) == {"issuer": ISSUER, "jwks": {"keys": [k1]}}
+    assert first.startswith(b'{"issuer":"https://kubernetes.default.svc.cluster.local",')
+
+
+@pytest.mark.parametrize(("keyset", "message"), [
+    ([], "the key set is not a JSON object: []"),
+    ({}, "the key set has no keys: null"),
+    ({"keys": []}, "the key set has no keys: []"),
+    ({"keys": "k1"}, 'the key set has no keys: "k1"'),
+    ({"keys": ["k1"]}, 'key 0 is not a JWK (an object with a kty): "k1"'),
+    ({"keys": [{"kid": "k1"}]}, 'key 0 is not a JWK (an object with a kty): {"kid": "k1"}'),
+    ({"keys": [{"kty": "RSA", "kid": "junk", "n": "AQAB", "e": "%%"}]},
+     "the key set has no key usable for verification"),
+    ({"keys": [{"kty": "oct", "kid": "s", "k": "c2VjcmV0"}]},
+     "key 0 (s) carries private members k; only public keys are published"),
+])
+def test_garbage_key_sets_are_refused(keyset: object, message: str) -> None:
+    with pytest.raises(jwks.JwksError) as err:
+        jwks.build_document(jwks.parse_discovery(DISCOVERY), keyset)
+    assert str(err.value).startswith(message)
+
+
+def test_a_private_key_is_never_published(k1: dict) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = {**jwt.algorithms.RSAAlgorithm.to_jwk(key, as_dict=True), "kid": "oops"}
+    with pytest.raises(jwks.JwksError, match=r"key 1 \(oops\) carries private members "
+                                             r"d, dp, dq, p, q, qi"):
+        jwks.build_document(jwks.parse_discovery(DISCOVERY), {"keys": [k1, private]})
