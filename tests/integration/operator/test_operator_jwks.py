@@ -90,8 +90,13 @@ async def test_failing_discovery_or_garbage_keeps_the_published_keys(
         good = await eventually(lambda: published_jwks(store, etcd_prefix),
                                 what="issuer keys published")
 
-        # The API server hiccups: discovery answers 503 while the keys rotate.
+        # The API server hiccups: discovery answers 503 while the keys rotate. Rotate
+        # only once a refresh has started after the failure (refreshes run one at a
+        # time), so no refresh that passed discovery earlier can fetch the new keys.
+        seen = issuer.requests(jwks.DISCOVERY_PATH)
         issuer.failure = 503
+        await eventually(lambda: issuer.requests(jwks.DISCOVERY_PATH) > seen,
+                         what="a refresh after the failure began")
         issuer.keys = [k2]
         seen = issuer.requests(jwks.DISCOVERY_PATH)
         await eventually(lambda: issuer.requests(jwks.DISCOVERY_PATH) >= seen + 2,
@@ -109,8 +114,8 @@ async def test_failing_discovery_or_garbage_keeps_the_published_keys(
         assert record.jwks_retry_in_s == 0.2  # type: ignore[attr-defined]
 
         # It answers again, but with an empty key set: never published.
-        issuer.failure = None
         issuer.keyset = {"keys": []}
+        issuer.failure = None
         seen = issuer.requests(jwks.JWKS_PATH)
         await eventually(lambda: issuer.requests(jwks.JWKS_PATH) >= seen + 2,
                          what="refreshes of an empty key set")
