@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from operator_kmock import (
     DEPLOYMENTS,
+    EVENTS,
     POLICIES,
     PVCS,
     RESIZE_FORBIDDEN,
@@ -194,6 +195,12 @@ async def test_sandbox_policy_is_not_published_while_an_old_pod_still_serves(
             "/sandboxes/team-a/surge"
 
 
+def event_messages(api: ApiServer, name: str) -> list[str]:
+    return [o.raw.get("message", "") for (res, _, _), o in api.objects.items()
+            if res == api.resource(EVENTS) and not o.deleted
+            and o.raw.get("involvedObject", {}).get("name") == name]
+
+
 def claim_condition(api: ApiServer, name: str) -> dict | None:
     body = obj(api, POLICIES, "team-a", name) or {}
     for cond in body.get("status", {}).get("conditions", []):
@@ -240,9 +247,14 @@ async def test_refused_claim_resize_warns_and_still_publishes_the_rest_of_the_sp
         await eventually(lambda: "SandboxResizeRefused" in event_reasons(api, "grow"),
                          what="Warning event")
 
-        # Another change while the cluster still refuses: no second Warning.
+        # Another change while the cluster still refuses: no second Warning. kopf posts
+        # events in order, in the background: once this run's Published event is there,
+        # a Warning of the same run would be too.
         await patch_spec(api, "grow", {"rollback": {"maxLocalDepth": 5}})
         await eventually(reason_is(api, "grow", "Published", generation=3), what="gen 3")
+        await eventually(lambda: any("generation 3 published" in m
+                                     for m in event_messages(api, "grow")),
+                         what="generation 3 Published event")
         assert event_reasons(api, "grow").count("SandboxResizeRefused") == 1
 
         # Once the cluster allows it (e.g. the class gained expansion), the next
