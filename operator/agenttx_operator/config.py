@@ -43,7 +43,9 @@ class OperatorConfig(BaseSettings):
     )
     etcd_prefix: str = Field(
         "/agenttx",
-        description="Key prefix shared with the service; policies go to <prefix>/policies/.",
+        description="Key prefix shared with the service, in the service's layout "
+        "(agenttx.store.layout.Keys: `agenttx` and `/agenttx/` both mean /agenttx); "
+        "policies go to /<prefix>/policies/, the issuer keys to /<prefix>/auth/jwks.",
     )
     etcd_ca_file: str | None = Field(None, description="CA bundle to verify etcd (TLS).")
     etcd_cert_file: str | None = Field(None, description="Client certificate for etcd mTLS.")
@@ -71,7 +73,9 @@ class OperatorConfig(BaseSettings):
     liveness_port: int = Field(8080, ge=1, le=65535, description="Port of GET /healthz.")
 
     etcd_retry_base_s: float = Field(
-        2.0, gt=0, description="First retry delay while etcd is unavailable (doubles)."
+        2.0, gt=0,
+        description="First retry delay while etcd is unavailable, and after a failed "
+        "issuer-key refresh (doubles).",
     )
     etcd_retry_max_s: float = Field(60.0, gt=0, description="Longest retry delay.")
     delete_etcd_attempts: int = Field(
@@ -85,6 +89,17 @@ class OperatorConfig(BaseSettings):
     )
     sweep_interval_s: float = Field(
         300.0, gt=0, description="How often orphaned published policies are swept."
+    )
+    jwks_publish: bool = Field(
+        True,
+        description="Publish the cluster's service-account issuer and keys (from the API "
+        "server's /.well-known/openid-configuration and /openid/v1/jwks) to "
+        "<prefix>/auth/jwks, for the service's `--auth kubernetes` (SPEC §9).",
+    )
+    jwks_refresh_s: float = Field(
+        300.0, gt=0,
+        description="How often the issuer keys are re-read, so a key rotation reaches the "
+        "service (a failed read is retried sooner, with backoff).",
     )
     log_format: Literal["json", "plain", "full"] = Field(
         "plain", description="Log line format (json for log collectors)."

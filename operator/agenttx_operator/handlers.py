@@ -11,6 +11,16 @@ Ordering, so a transaction never sees a sandbox path that is not there:
                         unmounted (and its claim deleted unless it is marked Retain).
   delete (finalizer):   unpublish -> unmount -> delete the claim unless Retain.
 
+Operator-wide background tasks (started at startup, cancelled at cleanup; kopf would
+cancel them as "hung" at exit anyway, so they only ever stop by cancellation):
+  orphan sweep:         every `sweep_interval_s`, see below.
+  issuer keys:          every `jwks_refresh_s` (`jwks_publish`), read the API server's
+                        service-account issuer discovery and keys with the operator's
+                        own credentials and publish them for the service (SPEC §9).
+                        A failure (API server, etcd, a document that does not
+                        validate) keeps what is published, logs a warning and retries
+                        with backoff: keys are never deleted because of a hiccup.
+
 The finalizer is never stuck: a delete that keeps failing (etcd down, API errors) is
 retried with backoff `delete_etcd_attempts` times, then a Warning event is posted and
 the finalizer released. A key left behind that way is removed by the orphan sweep
@@ -31,12 +41,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import kopf
 
 from agenttx.errors import StoreError
 from agenttx.store.client import Store
+from agenttx.store.layout import Keys
 
-from . import publishing, reconcile
+from . import jwks, publishing, reconcile
 from .config import OperatorConfig
 from .kube import KubeClient, KubeError
 
@@ -45,6 +57,11 @@ FINALIZER = "agenttx.io/finalizer"
 ANNOTATION_PREFIX = "agenttx.io"
 
 log = logging.getLogger(__name__)
+
+
+def operator_keys(config: OperatorConfig) -> Keys:
+    """The etcd keys, in the service's own layout for the same `--etcd-prefix`."""
+    return Keys(config.etcd_prefix)
 
 
 @dataclass
@@ -56,7 +73,11 @@ class Runtime:
     target: reconcile.Target
     store: Store
     kube: KubeClient
-    sweeper: asyncio.Task[None] | None = field(default=None, repr=False)
+    keys: Keys = field(init=False, repr=False)
+    background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.keys = operator_keys(self.config)
 
 
 def _now() -> str:
@@ -68,10 +89,8 @@ def _claim_ref(rt: Runtime, namespace: str, name: str) -> str:
 
 
 def _old_reason(status: Any) -> str | None:
-    for cond in (status or {}).get("conditions") or []:
-        if isinstance(cond, dict) and cond.get("type") == reconcile.CONDITION_READY:
-            return cond.get("reason")
-    return None
+    cond = reconcile.find_condition(status, reconcile.CONDITION_READY)
+    return None if cond is None else cond.get("reason")
 
 
 def _write_status(
@@ -82,11 +101,12 @@ def _write_status(
     reason: str,
     message: str,
     claim: str | None,
+    claim_sync: reconcile.ClaimSync | None | reconcile.Keep = reconcile.KEEP,
 ) -> None:
     """Put the status change into kopf's patch (only the fields that differ)."""
     new = reconcile.build_status(
         dict(status or {}), generation=generation, reason=reason, message=message,
-        sandbox_claim=claim, now=_now(),
+        sandbox_claim=claim, now=_now(), claim_sync=claim_sync,
     )
     for key, value in (reconcile.status_patch(dict(status or {}), new) or {}).items():
         patch.status[key] = value
@@ -132,7 +152,13 @@ async def agenttx_startup(
             f"the API server does not serve {reconcile.PLURAL}.{reconcile.GROUP}/"
             f"{reconcile.VERSION}: install the CRD (crds/) first"
         )
-    rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="agenttx-orphan-sweep")
+    rt.background.append(
+        asyncio.create_task(_sweep_forever(rt), name="agenttx-orphan-sweep"))
+    if rt.config.jwks_publish:
+        rt.background.append(
+            asyncio.create_task(_jwks_forever(rt), name="agenttx-jwks-refresh"))
+    else:
+        log.info("not publishing the service-account issuer keys (jwks_publish is off)")
     logger.info(
         "serving AgentTxPolicies in %s; sandboxes go to %s/%s",
         ", ".join(rt.config.namespaces) or "all namespaces",
@@ -143,21 +169,20 @@ async def agenttx_startup(
 @kopf.on.cleanup()
 async def agenttx_cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
-    if rt.sweeper is not None:
-        rt.sweeper.cancel()
+    tasks, rt.background = rt.background, []
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
-            await rt.sweeper
-        rt.sweeper = None
+            await task
 
 
 async def sweep_once(rt: Runtime) -> list[bytes]:
     """Unpublish the keys of policies that no longer exist (see module docstring)."""
     namespaces = rt.config.namespaces or None
-    published = await publishing.read_published(rt.store, rt.config.etcd_prefix)
+    published = await publishing.read_published(rt.store, rt.keys)
     existing = await rt.kube.list_policies(namespaces)
-    return await publishing.sweep_orphans(
-        rt.store, rt.config.etcd_prefix, published, existing, namespaces
-    )
+    return await publishing.sweep_orphans(rt.store, rt.keys, published, existing, namespaces)
 
 
 async def _sweep_forever(rt: Runtime) -> None:
@@ -167,6 +192,59 @@ async def _sweep_forever(rt: Runtime) -> None:
         except (StoreError, KubeError, OSError) as exc:
             log.warning("orphan sweep skipped: %s", exc)
         await asyncio.sleep(rt.config.sweep_interval_s)
+
+
+async def refresh_jwks(rt: Runtime) -> bool:
+    """Read the issuer discovery and the keys from the API server, publish them if they
+    changed. Returns True when it wrote.
+
+    Raises on any failure (the API server, etcd, a document that does not validate);
+    nothing is written then, so what was published stays.
+    """
+    discovery = jwks.parse_discovery(await rt.kube.get_json(jwks.DISCOVERY_PATH))
+    # The API server's own route, not jwks_uri's host: that names the issuer as seen
+    # from outside, which may be unreachable from this pod (see jwks.JWKS_PATH).
+    keyset = await rt.kube.get_json(jwks.JWKS_PATH, accept=jwks.JWKS_ACCEPT)
+    document = jwks.build_document(discovery, keyset)
+    written = await publishing.publish_jwks(rt.store, rt.keys, jwks.encode(document))
+    if written:
+        where = rt.keys.auth_jwks().decode()
+        elsewhere = (
+            "" if discovery.jwks_uri_path == jwks.JWKS_PATH else
+            f" (discovery advertises {discovery.jwks_uri}; the keys were read from the "
+            f"API server's {jwks.JWKS_PATH})"
+        )
+        log.info("published the service-account issuer keys at %s: %s%s", where,
+                 jwks.describe(document), elsewhere,
+                 extra={"jwks_key": where, "jwks_issuer": discovery.issuer,
+                        "jwks_kids": [k.get("kid") for k in document["jwks"]["keys"]]})
+    return written
+
+
+# What a refresh can run into that passes by retrying (a bug is logged with traceback).
+_JWKS_FAILURES = (KubeError, jwks.JwksError, StoreError, aiohttp.ClientError, TimeoutError,
+                  OSError)
+
+
+async def _jwks_forever(rt: Runtime) -> None:
+    failures = 0
+    while True:
+        try:
+            await refresh_jwks(rt)
+            failures, delay = 0, rt.config.jwks_refresh_s
+        except Exception as exc:
+            delay = min(rt.config.jwks_refresh_s, reconcile.retry_delay(
+                failures, rt.config.etcd_retry_base_s, rt.config.etcd_retry_max_s))
+            failures += 1
+            where = rt.keys.auth_jwks().decode()
+            log.warning(
+                "cannot refresh the service-account issuer keys (attempt %d; what is "
+                "published at %s stays; next try in %.1fs): %s", failures, where, delay, exc,
+                exc_info=not isinstance(exc, _JWKS_FAILURES),
+                extra={"jwks_key": where, "jwks_failures": failures,
+                       "jwks_retry_in_s": delay, "jwks_error": str(exc),
+                       "jwks_error_type": type(exc).__name__})
+        await asyncio.sleep(delay)
 
 
 # ---- create / update / resume ------------------------------------------------------
@@ -218,24 +296,31 @@ async def _reconcile(
         namespace, name, generation, spec_d, mount_root=rt.target.mount_root
     )
     claim: str | None = None
+    # No sandbox: the claim condition goes. Unknown (the claim could not be read): kept.
+    sync: reconcile.ClaimSync | None | reconcile.Keep = None
     if "sandbox" in spec_d:
         claim = _claim_ref(rt, namespace, name)
+        sync = reconcile.KEEP
         try:
-            ready, why = await _ensure_sandbox(rt, body, namespace, name, spec_d["sandbox"])
+            ready, why, sync = await _ensure_sandbox(rt, body, namespace, name, spec_d["sandbox"])
         except (KubeError, reconcile.ContainerNotFound) as exc:
             ready, why = False, str(exc)
+        if isinstance(sync, reconcile.ClaimSync):
+            _warn_claim_sync(body, status, sync)
         if not ready:
             _write_status(patch, status, generation=generation,
-                          reason=reconcile.REASON_VOLUME_PENDING, message=why, claim=claim)
+                          reason=reconcile.REASON_VOLUME_PENDING, message=why, claim=claim,
+                          claim_sync=sync)
             raise kopf.TemporaryError(why, delay=rt.config.volume_poll_s)
 
-    key = reconcile.policy_key(rt.config.etcd_prefix, namespace, name).decode()
+    key = rt.keys.policy(namespace, name).decode()
     try:
-        written = await publishing.publish(rt.store, rt.config.etcd_prefix, policy)
+        written = await publishing.publish(rt.store, rt.keys, policy)
     except StoreError as exc:
         message = f"cannot publish to etcd (will retry): {exc}"
         _write_status(patch, status, generation=generation,
-                      reason=reconcile.REASON_ETCD_UNAVAILABLE, message=message, claim=claim)
+                      reason=reconcile.REASON_ETCD_UNAVAILABLE, message=message, claim=claim,
+                      claim_sync=sync)
         _warn_once(body, status, reconcile.REASON_ETCD_UNAVAILABLE, message)
         raise kopf.TemporaryError(
             message,
@@ -252,21 +337,40 @@ async def _reconcile(
                                       delay=rt.config.volume_poll_s) from exc
 
     _write_status(patch, status, generation=generation, reason=reconcile.REASON_PUBLISHED,
-                  message=f"generation {generation} published at {key}", claim=claim)
+                  message=f"generation {generation} published at {key}", claim=claim,
+                  claim_sync=sync)
     if written:
         kopf.info(body, reason=reconcile.REASON_PUBLISHED,
                   message=f"generation {generation} published at {key}")
     logger.debug("policy %s/%s reconciled (written=%s)", namespace, name, written)
 
 
+def _warn_claim_sync(body: kopf.Body, status: Any, sync: reconcile.ClaimSync) -> None:
+    """A Warning event when the cluster refuses a resize, once per distinct refusal (not
+    on every reconcile while the condition stays the same)."""
+    if sync.reason != reconcile.REASON_RESIZE_REFUSED:
+        return
+    old = reconcile.find_condition(status, reconcile.CONDITION_CLAIM_SYNCED) or {}
+    if (old.get("reason"), old.get("message")) != (sync.reason, sync.message):
+        kopf.warn(body, reason="SandboxResizeRefused", message=sync.message)
+
+
 async def _ensure_sandbox(
     rt: Runtime, body: kopf.Body, namespace: str, name: str, sandbox: dict[str, Any]
-) -> tuple[bool, str]:
-    """Claim exists and matches, Deployment mounts it; then whether it is usable."""
+) -> tuple[bool, str, reconcile.ClaimSync]:
+    """Claim exists and matches, Deployment mounts it; then whether it is usable, and
+    whether the claim is what the spec asks for.
+
+    A resize the cluster refuses (403/422: a static PV, a class without expansion) is
+    reported in the returned ClaimSync, not raised: the sandbox still works at its
+    current size, so it must not keep the rest of the spec from being published.
+    """
     svc_ns = rt.target.service_namespace
     desired = reconcile.build_pvc(namespace, name, sandbox, rt.target)
     pvc_name = desired["metadata"]["name"]
     pvc = await rt.kube.get_pvc(svc_ns, pvc_name)
+    problems: tuple[str, ...] = ()
+    refused: tuple[int, str] | None = None
     if pvc is None:
         try:
             pvc = await rt.kube.create_pvc(desired)
@@ -277,21 +381,32 @@ async def _ensure_sandbox(
         kopf.info(body, reason="SandboxClaimCreated", message=f"claim {svc_ns}/{pvc_name}")
     else:
         plan = reconcile.plan_claim(pvc, desired)
+        problems = plan.problems
         if plan.patch:
             pvc = await rt.kube.patch_pvc(svc_ns, pvc_name, plan.patch)
+        if plan.resize:
+            try:
+                pvc = await rt.kube.patch_pvc(svc_ns, pvc_name, plan.resize)
+            except KubeError as exc:
+                if exc.status not in reconcile.RESIZE_REFUSED_STATUSES:
+                    raise
+                refused = (exc.status, exc.message)
         for problem in plan.problems:
             kopf.warn(body, reason="SandboxClaimDrift", message=problem)
+    sync = reconcile.claim_sync(pvc, desired, problems=problems, refused=refused)
 
     deployment = await rt.kube.get_deployment(svc_ns, rt.target.deployment)
     if deployment is None:
-        return False, f"the service Deployment {svc_ns}/{rt.target.deployment} does not exist"
+        return (False, f"the service Deployment {svc_ns}/{rt.target.deployment} does not exist",
+                sync)
     ops = reconcile.deployment_patch(deployment, namespace, name, rt.target, mounted=True)
     if ops:
         deployment = await rt.kube.json_patch_deployment(svc_ns, rt.target.deployment, ops)
         kopf.info(body, reason="SandboxMounted", message=(
             f"mounted at {reconcile.sandbox_path(namespace, name, rt.target.mount_root)} in "
             f"{svc_ns}/{rt.target.deployment}"))
-    return reconcile.volume_ready(pvc, deployment)
+    ready, why = reconcile.volume_ready(pvc, deployment)
+    return ready, why, sync
 
 
 async def _remove_sandbox(
@@ -347,11 +462,11 @@ async def _finalize(
     delay = reconcile.retry_delay(retry, rt.config.etcd_retry_base_s, rt.config.etcd_retry_max_s)
     generation = int(meta.get("generation") or 0)
     claim = status.get("sandboxClaim") or None
-    key = reconcile.policy_key(rt.config.etcd_prefix, namespace, name).decode()
+    key = rt.keys.policy(namespace, name).decode()
 
     if actions.unpublish:
         try:
-            await publishing.unpublish(rt.store, rt.config.etcd_prefix, namespace, name)
+            await publishing.unpublish(rt.store, rt.keys, namespace, name)
         except StoreError as exc:
             message = f"cannot unpublish {key}: {exc}"
             if not last_attempt:

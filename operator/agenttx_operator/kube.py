@@ -127,6 +127,7 @@ class KubeError(Exception):
     def __init__(self, status: int, method: str, path: str, message: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
         self.status = status
+        self.message = message
 
 
 class KubeClient:
@@ -164,6 +165,7 @@ class KubeClient:
         *,
         body: Any = None,
         content_type: str = JSON,
+        accept: str = JSON,
         missing_ok: bool = False,
         params: dict[str, str] | None = None,
     ) -> dict[str, Any] | None:
@@ -171,7 +173,7 @@ class KubeClient:
             creds = self.credentials(refresh=attempt > 0)
             if self._session is None:
                 self._session = aiohttp.ClientSession(timeout=self._timeout)
-            headers = {"Accept": JSON, **creds.headers()}
+            headers = {"Accept": accept, **creds.headers()}
             data = None
             if body is not None:
                 headers["Content-Type"] = content_type
@@ -191,7 +193,11 @@ class KubeClient:
                     except (ValueError, AttributeError):
                         message = text
                     raise KubeError(resp.status, method, path, str(message)[:500])
-                return json.loads(text) if text else {}
+                try:
+                    return json.loads(text) if text else {}
+                except ValueError:
+                    raise KubeError(resp.status, method, path,
+                                    f"the response is not JSON: {text[:200]!r}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ---- claims -------------------------------------------------------------------
@@ -244,6 +250,13 @@ class KubeClient:
         )
         assert result is not None
         return result
+
+    # ---- service-account issuer discovery (non-resource URLs) --------------------
+
+    async def get_json(self, path: str, *, accept: str = JSON) -> Any:
+        """GET a non-resource URL of the API server and parse its JSON body (any JSON
+        value: the caller validates it). Needs RBAC `get` on that nonResourceURL."""
+        return await self._request("GET", path, accept=accept)
 
     # ---- policies -----------------------------------------------------------------
 

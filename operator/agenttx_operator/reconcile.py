@@ -14,6 +14,7 @@ to do" (None), which is how a second reconcile of an unchanged policy changes no
 from __future__ import annotations
 
 import copy
+import enum
 import hashlib
 import math
 import re
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agenttx.engine.policy import PublishedPolicy, policy_to_json
+from agenttx.store.layout import Keys
 
 GROUP = "agenttx.io"
 VERSION = "v1alpha1"
@@ -33,6 +35,17 @@ REASON_PUBLISHED = "Published"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_ETCD_UNAVAILABLE = "EtcdUnavailable"
 REASON_VOLUME_PENDING = "VolumePending"
+
+# Whether the sandbox claim is what spec.sandbox asks for (only on policies with one).
+# False never holds up publishing: the sandbox works at the claim's current size.
+CONDITION_CLAIM_SYNCED = "SandboxClaimSynced"
+REASON_IN_SYNC = "InSync"
+REASON_RESIZE_REFUSED = "ResizeRefused"
+REASON_CLAIM_DRIFT = "ClaimDrift"
+# How a real API server refuses a claim resize: 403 from the PersistentVolumeClaimResize
+# admission plugin (a static PV, a StorageClass without allowVolumeExpansion), 422 from
+# PVC validation (e.g. a claim that is not bound). Neither passes by retrying.
+RESIZE_REFUSED_STATUSES = frozenset({403, 422})
 
 # Labels/annotations on the objects the operator creates in the service namespace.
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -225,17 +238,8 @@ def normalise(
     )
 
 
-def policy_key(prefix: str, namespace: str, name: str) -> bytes:
-    """`<prefix>/policies/<ns>/<name>`, the etcd key the service watches (SPEC §8)."""
-    return f"{prefix.rstrip('/')}/policies/{namespace}/{name}".encode()
-
-
-def policies_prefix(prefix: str) -> bytes:
-    return f"{prefix.rstrip('/')}/policies/".encode()
-
-
 def publish_payload(policy: PublishedPolicy) -> bytes:
-    """The bytes stored under `policy_key`: the service's wire format, byte-stable."""
+    """The bytes stored under `Keys.policy`: the service's wire format, byte-stable."""
     return policy_to_json(policy)
 
 
@@ -305,10 +309,13 @@ def build_pvc(
 
 @dataclass(frozen=True)
 class ClaimPlan:
-    """How to bring an existing claim in line: a merge patch (None: nothing) and the
-    requested changes that a claim cannot take (reported, never forced)."""
+    """How to bring an existing claim in line: a merge patch of its metadata (None:
+    nothing), a separate merge patch that grows it (None: nothing; the cluster may
+    refuse it, which must not cost the metadata change), and the requested changes that
+    a claim cannot take (reported, never forced)."""
 
     patch: dict[str, Any] | None
+    resize: dict[str, Any] | None = None
     problems: tuple[str, ...] = ()
 
 
@@ -336,6 +343,7 @@ def plan_claim(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> Claim
     modes would need a new volume, so they are reported and left alone.
     """
     patch: dict[str, Any] = {}
+    resize: dict[str, Any] | None = None
     problems: list[str] = []
     want_anno = desired["metadata"]["annotations"]
     have_anno = existing.get("metadata", {}).get("annotations") or {}
@@ -354,7 +362,7 @@ def plan_claim(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> Claim
         except ValueError:
             grow, same = False, False
         if grow:
-            patch["spec"] = {"resources": {"requests": {"storage": want_size}}}
+            resize = {"spec": {"resources": {"requests": {"storage": want_size}}}}
         elif not same:
             problems.append(
                 f"sandbox.size {want_size} is smaller than the claim's {have_size}; "
@@ -372,7 +380,46 @@ def plan_claim(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> Claim
             f"sandbox.accessModes {want_spec['accessModes']} differ from the claim's "
             f"{have_spec.get('accessModes')}; they cannot change in place"
         )
-    return ClaimPlan(patch or None, tuple(problems))
+    return ClaimPlan(patch or None, resize, tuple(problems))
+
+
+def claim_size(pvc: Mapping[str, Any]) -> str:
+    """The storage a claim requests ("?" when it says nothing)."""
+    return str(pvc.get("spec", {}).get("resources", {}).get("requests", {}).get("storage", "?"))
+
+
+@dataclass(frozen=True)
+class ClaimSync:
+    """The SandboxClaimSynced condition: does the claim match spec.sandbox, and if not,
+    why (for `kubectl describe`)."""
+
+    synced: bool
+    reason: str
+    message: str
+
+
+def claim_sync(
+    pvc: Mapping[str, Any] | None,
+    desired: Mapping[str, Any],
+    *,
+    problems: Iterable[str] = (),
+    refused: tuple[int, str] | None = None,
+) -> ClaimSync:
+    """The claim's sync state after a reconcile. `refused` is the (HTTP status, API
+    message) with which the cluster refused to grow it; `problems` are `plan_claim`'s."""
+    problems = list(problems)
+    ref = f"{desired['metadata']['namespace']}/{desired['metadata']['name']}"
+    if refused is not None:
+        status, detail = refused
+        have = claim_size(pvc or {})
+        message = (
+            f"the cluster refused to resize claim {ref} from {have} to "
+            f"{claim_size(desired)} (HTTP {status}: {detail}); the sandbox keeps {have}"
+        )
+        return ClaimSync(False, REASON_RESIZE_REFUSED, "; ".join([message, *problems]))
+    if problems:
+        return ClaimSync(False, REASON_CLAIM_DRIFT, "; ".join(problems))
+    return ClaimSync(True, REASON_IN_SYNC, f"claim {ref} matches spec.sandbox")
 
 
 def claim_retained(pvc: Mapping[str, Any] | None) -> bool:
@@ -478,7 +525,15 @@ def volume_ready(
     pvc: Mapping[str, Any] | None, deployment: Mapping[str, Any] | None
 ) -> tuple[bool, str]:
     """Whether a sandbox can be used: its claim is Bound and the service Deployment has
-    rolled out the pod template that mounts it. Returns (ready, why-not message)."""
+    *completely* rolled out the pod template that mounts it. Returns (ready, why-not).
+
+    Complete means what `kubectl rollout status` waits for (kubectl's
+    `DeploymentStatusViewer`): the controller observed the current generation, every
+    desired pod runs the new template, no old pod is left (`replicas ==
+    updatedReplicas`; during a surge an old pod without the mount still takes
+    transactions) and every updated pod is available. Anything less, and a transaction
+    could be routed to a pod where the sandbox path does not exist.
+    """
     if pvc is None:
         return False, "the sandbox claim does not exist yet"
     phase = pvc.get("status", {}).get("phase", "Pending")
@@ -491,19 +546,65 @@ def volume_ready(
     if deployment is None:
         return False, "the service Deployment does not exist"
     generation = deployment.get("metadata", {}).get("generation", 0)
-    status = deployment.get("status", {})
-    replicas = deployment.get("spec", {}).get("replicas", 1)
+    status = deployment.get("status") or {}
+    desired = deployment.get("spec", {}).get("replicas", 1)
     if status.get("observedGeneration", 0) < generation:
         return False, "the service Deployment has not observed the sandbox mount yet"
-    if status.get("updatedReplicas", 0) < replicas:
-        return False, (
-            f"the service Deployment is rolling out the sandbox mount "
-            f"({status.get('updatedReplicas', 0)}/{replicas} pods updated)"
-        )
-    return True, ""
+    updated = status.get("updatedReplicas", 0)
+    total = status.get("replicas", 0)
+    available = status.get("availableReplicas", 0)
+    if updated < desired:
+        progress = f"{updated}/{desired} pods updated"
+    elif total > updated:
+        progress = f"{total - updated} old pod(s) without the sandbox mount still running"
+    elif available < updated:
+        progress = f"{available}/{updated} updated pods available"
+    else:
+        return True, ""
+    why = f"the service Deployment is rolling out the sandbox mount ({progress})"
+    for cond in status.get("conditions") or []:
+        if (isinstance(cond, Mapping) and cond.get("type") == "Progressing"
+                and cond.get("reason") == "ProgressDeadlineExceeded"):
+            why += f"; its rollout exceeded the progress deadline: {cond.get('message', '')}"
+    return False, why
 
 
 # ---- status ------------------------------------------------------------------------
+
+class Keep(enum.Enum):
+    """`build_status(claim_sync=KEEP)`: leave that condition as it is."""
+
+    KEEP = "keep"
+
+
+KEEP = Keep.KEEP
+
+
+def find_condition(status: Any, kind: str) -> dict[str, Any] | None:
+    """The condition of type `kind` in a status (None: absent)."""
+    for cond in (status or {}).get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def _condition(
+    old: Mapping[str, Any] | None, kind: str, ok: bool, reason: str, message: str,
+    generation: int, now: str,
+) -> dict[str, Any]:
+    cond_status = "True" if ok else "False"
+    transition = now
+    if old and old.get("status") == cond_status and old.get("lastTransitionTime"):
+        transition = old["lastTransitionTime"]
+    return {
+        "type": kind,
+        "status": cond_status,
+        "observedGeneration": generation,
+        "lastTransitionTime": transition,
+        "reason": reason,
+        "message": message[:32768],
+    }
+
 
 def build_status(
     old_status: Mapping[str, Any] | None,
@@ -513,30 +614,29 @@ def build_status(
     message: str,
     sandbox_claim: str | None,
     now: str,
+    claim_sync: ClaimSync | None | Keep = KEEP,
 ) -> dict[str, Any]:
-    """The policy's status: observedGeneration, sandboxClaim and the Ready condition.
+    """The policy's status: observedGeneration, sandboxClaim and the conditions.
 
-    Ready is True only for `Published`. `lastTransitionTime` moves only when the
-    condition's status flips (Kubernetes' convention), so reconciling an unchanged
-    policy yields an identical status. Other conditions are kept as they were.
+    Ready is True only for `Published`. SandboxClaimSynced is set from `claim_sync`,
+    removed when it is None (no sandbox), left as it was for KEEP. `lastTransitionTime`
+    moves only when a condition's status flips (Kubernetes' convention), so reconciling
+    an unchanged policy yields an identical status. Other conditions are kept as they
+    were; ours come last, SandboxClaimSynced before Ready.
     """
     old_status = old_status or {}
     old_conditions = [c for c in old_status.get("conditions") or [] if isinstance(c, Mapping)]
-    old_ready = next((c for c in old_conditions if c.get("type") == CONDITION_READY), None)
-    cond_status = "True" if reason == REASON_PUBLISHED else "False"
-    transition = now
-    if old_ready and old_ready.get("status") == cond_status and old_ready.get("lastTransitionTime"):
-        transition = old_ready["lastTransitionTime"]
-    ready = {
-        "type": CONDITION_READY,
-        "status": cond_status,
-        "observedGeneration": generation,
-        "lastTransitionTime": transition,
-        "reason": reason,
-        "message": message[:32768],
-    }
-    conditions = [dict(c) for c in old_conditions if c.get("type") != CONDITION_READY]
-    conditions.append(ready)
+    ours = {CONDITION_READY, CONDITION_CLAIM_SYNCED}
+    conditions = [dict(c) for c in old_conditions if c.get("type") not in ours]
+    old_claim = find_condition(old_status, CONDITION_CLAIM_SYNCED)
+    if claim_sync is KEEP:
+        if old_claim is not None:
+            conditions.append(old_claim)
+    elif claim_sync is not None:
+        conditions.append(_condition(old_claim, CONDITION_CLAIM_SYNCED, claim_sync.synced,
+                                     claim_sync.reason, claim_sync.message, generation, now))
+    conditions.append(_condition(find_condition(old_status, CONDITION_READY), CONDITION_READY,
+                                 reason == REASON_PUBLISHED, reason, message, generation, now))
     status: dict[str, Any] = {"observedGeneration": generation, "conditions": conditions}
     status["sandboxClaim"] = sandbox_claim or ""
     return status
@@ -575,18 +675,18 @@ def delete_actions(spec: Any) -> DeleteActions:
 def orphaned_keys(
     published: Mapping[bytes, int],
     existing: Iterable[tuple[str, str]],
-    prefix: str,
+    keys: Keys,
     namespaces: Iterable[str] | None = None,
 ) -> dict[bytes, int]:
     """Published keys (key -> mod_revision) whose policy no longer exists.
 
-    Only keys under `<prefix>/policies/` in the watched `namespaces` (None: all) are
+    Only keys under `keys.policies_prefix()` in the watched `namespaces` (None: all) are
     considered, so operators watching other namespaces of a shared prefix are safe.
     The caller reads etcd before listing the policies and deletes each orphan with a
     compare on its mod_revision, so a policy published in between is never removed.
     """
-    base = policies_prefix(prefix)
-    alive = {policy_key(prefix, ns, n) for ns, n in existing}
+    base = keys.policies_prefix()
+    alive = {keys.policy(ns, n) for ns, n in existing}
     watched = None if namespaces is None else set(namespaces)
     orphans: dict[bytes, int] = {}
     for key, rev in published.items():

@@ -5,7 +5,8 @@ RFC 6902 JSON patch (kopf uses it for finalizers, the operator for the Deploymen
 keep `resourceVersion` (kopf's JSON patches test it), bump `metadata.generation` on
 spec changes (status reports it) or honour `generateName` (kopf's events use it).
 `ApiServer` adds exactly those behaviours of a real API server (kmock's docs invite
-subclassing for such "special" treatment), and nothing else.
+subclassing for such "special" treatment), plus, on request, the refusal of a claim
+resize by a real API server's admission (`refuse_claim_resize`), and nothing else.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import copy
 import datetime
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,11 +23,14 @@ from typing import Any
 
 import aiohttp.web
 import jsonpatch
+import jwt
 import kmock
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from agenttx.engine.policy import PublishedPolicy, parse_published_policy
 from agenttx.store.client import Store
-from agenttx_operator import main, reconcile
+from agenttx.store.layout import Keys
+from agenttx_operator import jwks, main, reconcile
 from agenttx_operator.config import OperatorConfig
 from agenttx_operator.kube import Credentials
 
@@ -36,17 +41,32 @@ EVENTS = "v1/events"
 SERVICE_NS = "agenttx-system"
 
 
+# What a real API server answers when a claim cannot grow: the PersistentVolumeClaimResize
+# admission plugin (plugin/pkg/admission/storage/persistentvolume/resize) for a static PV
+# or a StorageClass without allowVolumeExpansion, and PVC validation
+# (pkg/apis/core/validation) for a claim that is not bound yet.
+RESIZE_FORBIDDEN = (403, "Forbidden", 'persistentvolumeclaims "{name}" is forbidden: only '
+                    "dynamically provisioned pvc can be resized and the storageclass that "
+                    "provisions the pvc must support resize")
+RESIZE_INVALID = (422, "Invalid", 'PersistentVolumeClaim "{name}" is invalid: spec: Forbidden: '
+                  "spec is immutable after creation except resources.requests and "
+                  "volumeAttributesClassName for bound claims")
+
+
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator + RFC 6902 JSON patch, resourceVersion, generation bumps and
-    generateName. `json_patches` records the patches sent to Deployments."""
+    generateName. `json_patches` records the patches sent to Deployments; set
+    `refuse_claim_resize` (RESIZE_FORBIDDEN, RESIZE_INVALID) to refuse claim resizes."""
 
     json_patches: list[tuple[str, list[dict[str, Any]]]]
     revision: int
+    refuse_claim_resize: tuple[int, str, str] | None
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.json_patches = []
         self.revision = 100
+        self.refuse_claim_resize = None
 
     def next_revision(self) -> str:
         self.revision += 1
@@ -62,6 +82,9 @@ class ApiServer(kmock.KubernetesEmulator):
         return self._buses[request.resource]
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        refusal = self._claim_resize_refusal(request)
+        if refusal is not None:
+            return await self._render_error(refusal)
         if request.action == kmock.action.UPDATE and isinstance(request.data, list):
             return await self._json_patch(request)
         if request.action == kmock.action.DELETE and request.name is not None:
@@ -85,6 +108,24 @@ class ApiServer(kmock.KubernetesEmulator):
                 if merged != old.get("spec", {}):
                     meta["generation"] = int(old.get("metadata", {}).get("generation", 1)) + 1
         return await super()._handle(request)
+
+    def _claim_resize_refusal(self, request: kmock.Request) -> kmock.KubernetesError | None:
+        """The error for a PATCH that changes a claim's requested storage, when refusing."""
+        if (self.refuse_claim_resize is None or request.action != kmock.action.UPDATE
+                or request.resource is None or request.resource.plural != "persistentvolumeclaims"
+                or not isinstance(request.data, dict)):
+            return None
+        storage = (((request.data.get("spec") or {}).get("resources") or {})
+                   .get("requests") or {}).get("storage")
+        key = self._key(request)
+        if storage is None or key not in self.objects or self.objects[key].deleted:
+            return None
+        have = self.objects[key].raw.get("spec", {}).get("resources", {}).get("requests", {})
+        if have.get("storage") == storage:
+            return None
+        status, reason, message = self.refuse_claim_resize
+        return kmock.KubernetesError(status=status, reason=reason,
+                                     message=message.format(name=request.name), details={})
 
     async def _delete_with_finalizers(self, request: kmock.Request
                                       ) -> aiohttp.web.StreamResponse | None:
@@ -161,6 +202,61 @@ class ApiServer(kmock.KubernetesEmulator):
         return aiohttp.web.json_response(new)
 
 
+def public_jwk(kid: str) -> dict[str, Any]:
+    """An RSA public key as the API server serves it in /openid/v1/jwks."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return {**jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True),
+            "kid": kid, "use": "sig", "alg": "RS256"}
+
+
+class Issuer:
+    """The API server's service-account issuer discovery, as kmock reactions on the two
+    non-resource URLs (kmock serves any path given as `kmock['get /path'] << payload`).
+
+    Like a real API server: discovery names an external issuer host in `jwks_uri`, the
+    key set is served as application/jwk-set+json and a request that accepts only
+    application/json gets 406. Change `keys` to rotate, set `failure` to an HTTP status
+    to make discovery fail, `keyset` to serve something else than `{"keys": keys}`.
+    """
+
+    ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+    def __init__(self, api: ApiServer, keys: list[dict[str, Any]]) -> None:
+        self.api = api
+        self.keys = keys
+        self.keyset: Any = None
+        self.failure: int | None = None
+        api[f"get {jwks.DISCOVERY_PATH}"] << self._discovery
+        api[f"get {jwks.JWKS_PATH}"] << self._jwks
+
+    def _discovery(self) -> Any:
+        if self.failure is not None:
+            raise kmock.KubernetesError(status=self.failure, reason="ServiceUnavailable",
+                                        message="etcdserver: request timed out", details={})
+        return {
+            "issuer": self.ISSUER,
+            "jwks_uri": "https://172.18.0.2:6443/openid/v1/jwks",
+            "response_types_supported": ["id_token"],
+            "subject_types_supported": ["public"],
+            "id_token_signing_alg_values_supported": ["RS256"],
+        }
+
+    def _jwks(self, request: kmock.Request) -> Any:
+        accept = request.headers.get("Accept") or request.headers.get("accept") or ""
+        if "application/jwk-set+json" not in accept:
+            raise kmock.KubernetesError(
+                status=406, reason="NotAcceptable", details={},
+                message="406: Not Acceptable\n\nAvailable representations: "
+                        "application/jwk-set+json")
+        body = {"keys": self.keys} if self.keyset is None else self.keyset
+        return kmock.Response(payload=json.dumps(body).encode(),
+                              headers={"Content-Type": "application/jwk-set+json"})
+
+    def requests(self, path: str) -> int:
+        """How many requests the operator has made to `path` so far."""
+        return sum(1 for r in list(self.api) if r.url.path == path)
+
+
 def _rv(value: object) -> int:
     try:
         return int(str(value))
@@ -193,7 +289,8 @@ def service_deployment(replicas: int = 2) -> dict[str, Any]:
                 "volumes": [{"name": "tmp", "emptyDir": {}}],
             }},
         },
-        "status": {"observedGeneration": 1, "updatedReplicas": replicas, "replicas": replicas},
+        "status": {"observedGeneration": 1, "updatedReplicas": replicas, "replicas": replicas,
+                   "availableReplicas": replicas},
     }
 
 
@@ -207,16 +304,18 @@ def policy(name: str, spec: dict[str, Any], namespace: str = "team-a") -> dict[s
 
 
 @contextlib.asynccontextmanager
-async def running_operator(config: OperatorConfig, api: ApiServer) -> AsyncIterator[None]:
+async def running_operator(config: OperatorConfig, api: ApiServer, *, token: str | None = None
+                           ) -> AsyncIterator[None]:
     """The real `main.operate` in its own thread and event loop (as in production, never
-    the test's loop), pointed at kmock; stopped and joined on exit."""
+    the test's loop), pointed at kmock (with `token` as its bearer token); stopped and
+    joined on exit."""
     stop, ready = threading.Event(), threading.Event()
     failure: list[BaseException] = []
     url = str(api.url).rstrip("/")
 
     def target() -> None:
         try:
-            asyncio.run(main.operate(config, credentials=Credentials(server=url),
+            asyncio.run(main.operate(config, credentials=Credentials(server=url, token=token),
                                      stop_flag=stop, ready_flag=ready))
         except BaseException as exc:  # surfaced in the test
             failure.append(exc)
@@ -319,7 +418,7 @@ def event_reasons(api: ApiServer, name: str) -> list[str]:
 
 async def published(store: Store, prefix: str, name: str, ns: str = "team-a"
                     ) -> PublishedPolicy | None:
-    kv = await store.get(reconcile.policy_key(prefix, ns, name))
+    kv = await store.get(Keys(prefix).policy(ns, name))
     return parse_published_policy(kv.value) if kv else None
 
 
@@ -329,10 +428,32 @@ async def current(store: Store, prefix: str, name: str, ns: str = "team-a") -> P
     return p
 
 
-def bind_claim_and_roll_out(api: ApiServer, ns: str, name: str) -> None:
-    """What the PV controller and the Deployment controller would do."""
+def mounted(api: ApiServer, ns: str, name: str) -> bool:
+    """Whether the service Deployment's pod template mounts the policy's sandbox claim."""
+    dep = got(api, DEPLOYMENTS, SERVICE_NS, "agenttx")
+    volumes = dep["spec"]["template"]["spec"].get("volumes") or []
     claim = reconcile.claim_name(ns, name)
-    api.objects[PVCS, SERVICE_NS, claim].patch({"status": {"phase": "Bound"}})
+    return any((v.get("persistentVolumeClaim") or {}).get("claimName") == claim for v in volumes)
+
+
+def roll_out(api: ApiServer) -> None:
+    """What the Deployment controller reports once the current template is fully rolled
+    out: generation observed, every pod updated and available, no old pod left."""
     dep = api.objects[DEPLOYMENTS, SERVICE_NS, "agenttx"]
     gen = dep.raw["metadata"]["generation"]
-    dep.patch({"status": {"observedGeneration": gen, "updatedReplicas": 2}})
+    replicas = dep.raw["spec"]["replicas"]
+    dep.patch({"status": {"observedGeneration": gen, "replicas": replicas,
+                          "updatedReplicas": replicas, "availableReplicas": replicas}})
+
+
+async def bind_claim_and_roll_out(api: ApiServer, ns: str, name: str) -> None:
+    """What the PV controller and the Deployment controller would do.
+
+    Waits until the operator has mounted the claim first: it creates the claim, then
+    patches the Deployment, and that patch bumps the generation. A rollout reported in
+    between would be of the old generation, and nothing would ever roll out the new one
+    (this was the race that made the delete tests flaky)."""
+    await eventually(lambda: mounted(api, ns, name), what=f"sandbox of {ns}/{name} mounted")
+    claim = reconcile.claim_name(ns, name)
+    api.objects[PVCS, SERVICE_NS, claim].patch({"status": {"phase": "Bound"}})
+    roll_out(api)

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import aiohttp
 import pytest
 from operator_kmock import (
     DEPLOYMENTS,
+    EVENTS,
     POLICIES,
     PVCS,
+    RESIZE_FORBIDDEN,
+    RESIZE_INVALID,
     SERVICE_NS,
     ApiServer,
     bind_claim_and_roll_out,
@@ -21,16 +25,19 @@ from operator_kmock import (
     event_reasons,
     eventually,
     got,
+    mounted,
     obj,
     patch_spec,
     policy,
     published,
     reason_is,
+    roll_out,
     running_operator,
 )
 
 from agenttx.store.client import Store
 from agenttx.store.embedded import EmbeddedEtcd, free_port
+from agenttx.store.layout import Keys
 from agenttx_operator import handlers, main, reconcile
 from agenttx_operator.kube import Credentials, KubeClient
 
@@ -83,15 +90,35 @@ async def test_resume_republishes_nothing_when_nothing_changed(
     async with running_operator(make_config(), api):
         await create(api, policy("steady", {"rollback": {"maxLocalDepth": 1}}))
         await eventually(reason_is(api, "steady", "Published"), what="Published")
-    first = await store.get(reconcile.policy_key(etcd_prefix, "team-a", "steady"))
+    first = await store.get(Keys(etcd_prefix).policy("team-a", "steady"))
     status_before = got(api, POLICIES, "team-a", "steady")["status"]
 
     async with running_operator(make_config(), api):  # operator restart: resume
         await eventually(lambda: "Handler 'agenttxpolicy_resume' succeeded" in caplog.text,
                          what="resume handler")
-    again = await store.get(reconcile.policy_key(etcd_prefix, "team-a", "steady"))
+    again = await store.get(Keys(etcd_prefix).policy("team-a", "steady"))
     assert again.mod_revision == first.mod_revision  # not rewritten
     assert got(api, POLICIES, "team-a", "steady")["status"] == status_before
+
+
+async def test_prefix_without_a_leading_slash_publishes_where_the_service_watches(
+    api: ApiServer, etcd_endpoint: str, store: Store
+) -> None:
+    """`agenttx operator --etcd-prefix agenttx` and `agenttx serve --etcd-prefix agenttx`
+    meet at /agenttx/policies/ (the service's key layout, agenttx.store.layout.Keys)."""
+    prefix = f"agenttx-{uuid.uuid4().hex[:8]}"
+    config = main.parse_config([
+        "--etcd-endpoints", etcd_endpoint, "--etcd-prefix", prefix,
+        "--service-namespace", SERVICE_NS, "--liveness-host", "127.0.0.1",
+        "--liveness-port", str(free_port())])
+    watched = Keys(prefix).policies_prefix()
+    assert watched == f"/{prefix}/policies/".encode()
+    async with running_operator(config, api):
+        await create(api, policy("slashless", {"priority": 7}))
+        cond = await eventually(reason_is(api, "slashless", "Published"), what="Published")
+    assert cond["message"] == f"generation 1 published at /{prefix}/policies/team-a/slashless"
+    assert [kv.key for kv in await store.get_prefix(watched)] == [watched + b"team-a/slashless"]
+    assert await store.get_prefix(f"{prefix}/".encode()) == []  # nothing outside the layout
 
 
 # ---- sandbox -----------------------------------------------------------------------
@@ -118,7 +145,7 @@ async def test_sandbox_policy_creates_claim_mounts_it_and_publishes_when_bound(
             pod["containers"][0]["volumeMounts"]
         assert await published(store, etcd_prefix, "research") is None  # not yet usable
 
-        bind_claim_and_roll_out(api, "team-a", "research")
+        await bind_claim_and_roll_out(api, "team-a", "research")
         await eventually(reason_is(api, "research", "Published"), what="Published")
         p = await current(store, etcd_prefix, "research")
         assert p.sandbox_path == "/sandboxes/team-a/research"
@@ -142,6 +169,106 @@ async def test_sandbox_policy_creates_claim_mounts_it_and_publishes_when_bound(
         assert [m["name"] for m in pod["containers"][0]["volumeMounts"]] == ["tmp"]
 
 
+async def test_sandbox_policy_is_not_published_while_an_old_pod_still_serves(
+    api: ApiServer, make_config, store: Store, etcd_prefix: str
+) -> None:
+    async with running_operator(make_config(), api):
+        await create(api, policy("surge", {"sandbox": {"size": "1Gi"}}))
+        await eventually(lambda: mounted(api, "team-a", "surge"), what="mount")
+        claim = reconcile.claim_name("team-a", "surge")
+        api.objects[PVCS, SERVICE_NS, claim].patch({"status": {"phase": "Bound"}})
+        # Mid-surge: both new pods are up and available, one old pod (no mount) still
+        # takes transactions.
+        dep = api.objects[DEPLOYMENTS, SERVICE_NS, "agenttx"]
+        dep.patch({"status": {"observedGeneration": dep.raw["metadata"]["generation"],
+                              "replicas": 3, "updatedReplicas": 2, "availableReplicas": 2}})
+
+        def old_pod_reported() -> bool:
+            cond = reason_is(api, "surge", "VolumePending")()
+            return bool(cond) and "1 old pod(s) without the sandbox mount" in cond["message"]
+        await eventually(old_pod_reported, what="VolumePending naming the old pod")
+        assert await published(store, etcd_prefix, "surge") is None
+
+        roll_out(api)  # the old pod is gone
+        await eventually(reason_is(api, "surge", "Published"), what="Published")
+        assert (await current(store, etcd_prefix, "surge")).sandbox_path == \
+            "/sandboxes/team-a/surge"
+
+
+def event_messages(api: ApiServer, name: str) -> list[str]:
+    return [o.raw.get("message", "") for (res, _, _), o in api.objects.items()
+            if res == api.resource(EVENTS) and not o.deleted
+            and o.raw.get("involvedObject", {}).get("name") == name]
+
+
+def claim_condition(api: ApiServer, name: str) -> dict | None:
+    body = obj(api, POLICIES, "team-a", name) or {}
+    for cond in body.get("status", {}).get("conditions", []):
+        if cond["type"] == reconcile.CONDITION_CLAIM_SYNCED:
+            return cond
+    return None
+
+
+@pytest.mark.parametrize("refusal", [RESIZE_FORBIDDEN, RESIZE_INVALID], ids=["403", "422"])
+async def test_refused_claim_resize_warns_and_still_publishes_the_rest_of_the_spec(
+    api: ApiServer, make_config, store: Store, etcd_prefix: str,
+    refusal: tuple[int, str, str]
+) -> None:
+    async with running_operator(make_config(), api):
+        await create(api, policy("grow", {"rollback": {"maxLocalDepth": 1},
+                                          "sandbox": {"size": "1Gi"}}))
+        claim = reconcile.claim_name("team-a", "grow")
+        await eventually(lambda: obj(api, PVCS, SERVICE_NS, claim), what="claim")
+        await bind_claim_and_roll_out(api, "team-a", "grow")
+        await eventually(reason_is(api, "grow", "Published"), what="Published")
+        assert claim_condition(api, "grow")["status"] == "True"
+
+        # A static PV or a class without expansion: the cluster refuses the bigger size.
+        api.refuse_claim_resize = refusal
+        await patch_spec(api, "grow", {"rollback": {"maxLocalDepth": 4},
+                                       "sandbox": {"size": "2Gi"}})
+        cond = await eventually(reason_is(api, "grow", "Published", generation=2),
+                                what="generation 2 published despite the refusal")
+        assert cond["status"] == "True"
+        p = await current(store, etcd_prefix, "grow")
+        assert (p.generation, p.max_local_depth) == (2, 4)
+        assert p.sandbox_path == "/sandboxes/team-a/grow"
+        assert got(api, PVCS, SERVICE_NS, claim)["spec"]["resources"]["requests"] == {
+            "storage": "1Gi"}
+
+        synced = claim_condition(api, "grow")
+        status, _, message = refusal
+        assert synced is not None
+        assert (synced["status"], synced["reason"], synced["observedGeneration"]) == (
+            "False", "ResizeRefused", 2)
+        assert synced["message"] == (
+            f"the cluster refused to resize claim {SERVICE_NS}/{claim} from 1Gi to 2Gi "
+            f"(HTTP {status}: {message.format(name=claim)}); the sandbox keeps 1Gi")
+        await eventually(lambda: "SandboxResizeRefused" in event_reasons(api, "grow"),
+                         what="Warning event")
+
+        # Another change while the cluster still refuses: no second Warning. kopf posts
+        # events in order, in the background: once this run's Published event is there,
+        # a Warning of the same run would be too.
+        await patch_spec(api, "grow", {"rollback": {"maxLocalDepth": 5}})
+        await eventually(reason_is(api, "grow", "Published", generation=3), what="gen 3")
+        await eventually(lambda: any("generation 3 published" in m
+                                     for m in event_messages(api, "grow")),
+                         what="generation 3 Published event")
+        assert event_reasons(api, "grow").count("SandboxResizeRefused") == 1
+
+        # Once the cluster allows it (e.g. the class gained expansion), the next
+        # reconcile grows the claim and the condition clears.
+        api.refuse_claim_resize = None
+        await patch_spec(api, "grow", {"rollback": {"maxLocalDepth": 6}})
+        await eventually(reason_is(api, "grow", "Published", generation=4), what="gen 4")
+        assert got(api, PVCS, SERVICE_NS, claim)["spec"]["resources"]["requests"] == {
+            "storage": "2Gi"}
+        synced = claim_condition(api, "grow")
+        assert synced is not None
+        assert (synced["status"], synced["reason"]) == ("True", "InSync")
+
+
 @pytest.mark.parametrize("reclaim", ["Delete", "Retain"])
 async def test_delete_unpublishes_unmounts_and_reclaims(
     api: ApiServer, make_config, store: Store, etcd_prefix: str, reclaim: str
@@ -150,7 +277,7 @@ async def test_delete_unpublishes_unmounts_and_reclaims(
         await create(api, policy("tmp", {"sandbox": {"size": "1Gi", "reclaimPolicy": reclaim}}))
         claim = reconcile.claim_name("team-a", "tmp")
         await eventually(lambda: obj(api, PVCS, SERVICE_NS, claim), what="claim")
-        bind_claim_and_roll_out(api, "team-a", "tmp")
+        await bind_claim_and_roll_out(api, "team-a", "tmp")
         await eventually(reason_is(api, "tmp", "Published"), what="Published")
         assert await published(store, etcd_prefix, "tmp") is not None
 
@@ -240,7 +367,7 @@ async def test_delete_with_etcd_down_releases_the_finalizer_and_the_sweep_unpubl
         removed = await handlers.sweep_once(rt)  # ...until the sweep runs
     finally:
         await kube.close()
-    assert removed == [reconcile.policy_key(etcd_prefix, "team-a", "orphan")]
+    assert removed == [Keys(etcd_prefix).policy("team-a", "orphan")]
     assert await published(store, etcd_prefix, "orphan") is None
 
 

@@ -64,7 +64,11 @@ async def test_replica_applies_published_rollback_settings_until_deleted(
 ) -> None:
     a, b = replicas
     agents = f"op-{uniq}-"
-    config = make_config(etcd_prefix=service_prefix(a))
+    # The service runs with `--etcd-prefix /agenttx-it`; the operator is given the same
+    # prefix without the leading slash (`--etcd-prefix agenttx-it`, a common way to
+    # write it) and must still publish where the replicas watch.
+    assert service_prefix(a).startswith("/")
+    config = make_config(etcd_prefix=service_prefix(a).lstrip("/"))
     async with running_operator(config, api):
         await create(api, policy(f"strict-{uniq}", {
             "priority": 1000, "selector": {"agentIdPrefix": agents},
@@ -99,7 +103,7 @@ async def test_replica_writes_into_the_policy_sandbox(
                                         "sandbox": {"size": "1Gi"}}))
         await eventually(lambda: obj(api, PVCS, "agenttx-system",
                                      reconcile.claim_name("team-a", name)), what="claim")
-        bind_claim_and_roll_out(api, "team-a", name)
+        await bind_claim_and_roll_out(api, "team-a", name)
         await eventually(reason_is(api, name, "Published"), what="Published")
 
         def write() -> pb.ExecuteStepResponse:

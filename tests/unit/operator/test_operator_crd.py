@@ -122,7 +122,10 @@ def test_schema_ranges_are_the_api_ranges(schema: dict[str, Any]) -> None:
 def test_status_declares_what_the_operator_writes(schema: dict[str, Any]) -> None:
     status = reconcile.build_status(None, generation=1, reason=reconcile.REASON_PUBLISHED,
                                     message="ok", sandbox_claim="ns/c",
-                                    now="2030-01-01T00:00:00Z")
+                                    now="2030-01-01T00:00:00Z",
+                                    claim_sync=reconcile.ClaimSync(
+                                        False, reconcile.REASON_RESIZE_REFUSED, "refused"))
+    assert len(status["conditions"]) == 2
     doc = {"apiVersion": "agenttx.io/v1alpha1", "kind": "AgentTxPolicy",
            "metadata": {"name": "x"}, "spec": {}, "status": status}
     assert schema_errors(doc, schema) == []

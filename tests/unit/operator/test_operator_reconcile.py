@@ -1,4 +1,5 @@
-"""Pure reconcile functions of the AgentTxPolicy operator: no kopf, API server or etcd."""
+"""Pure functions of the operator (`reconcile`, and `jwks` for the issuer keys): no
+kopf, API server or etcd."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import copy
 import json
 
 import jsonpatch
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from agenttx.engine.policy import parse_published_policy
-from agenttx_operator import reconcile
+from agenttx.store.layout import Keys
+from agenttx_operator import handlers, jwks, reconcile
+from agenttx_operator.config import OperatorConfig
 from agenttx_operator.reconcile import Target
 
 TARGET = Target(service_namespace="agenttx-system", deployment="agenttx", container="agenttx")
@@ -49,7 +54,8 @@ def service_deployment(**pod_extra: object) -> dict:
                 }
             },
         },
-        "status": {"observedGeneration": 3, "updatedReplicas": 2, "replicas": 2},
+        "status": {"observedGeneration": 3, "updatedReplicas": 2, "replicas": 2,
+                   "availableReplicas": 2},
     }
 
 
@@ -138,9 +144,17 @@ def test_sandbox_path_uses_the_configured_mount_root() -> None:
     assert policy.sandbox_path == "/mnt/sb/ns/p"
 
 
-def test_policy_key_layout() -> None:
-    assert reconcile.policy_key("/agenttx", "ns", "p") == b"/agenttx/policies/ns/p"
-    assert reconcile.policy_key("/agenttx/", "ns", "p") == b"/agenttx/policies/ns/p"
+def test_operator_keys_are_the_service_keys() -> None:
+    """One key layout (agenttx.store.layout.Keys) for both processes, whichever way the
+    prefix is written."""
+    for prefix in ("agenttx", "/agenttx", "/agenttx/"):
+        config = OperatorConfig(_cli_parse_args=[], etcd_endpoints=["e:2379"],
+                                etcd_prefix=prefix)
+        keys = handlers.operator_keys(config)
+        assert keys.policies_prefix() == b"/agenttx/policies/"
+        assert keys.policy("ns", "p") == b"/agenttx/policies/ns/p"
+        assert keys.auth_jwks() == b"/agenttx/auth/jwks"
+    assert not hasattr(reconcile, "policy_key") and not hasattr(reconcile, "policies_prefix")
 
 
 # ---- names and the claim -----------------------------------------------------------
@@ -183,27 +197,43 @@ def test_plan_claim_is_empty_for_the_claim_it_built() -> None:
     live = copy.deepcopy(desired)
     live["spec"]["volumeName"] = "pv-123"  # server-side additions do not count
     live["status"] = {"phase": "Bound"}
-    assert reconcile.plan_claim(live, desired) == reconcile.ClaimPlan(None, ())
+    assert reconcile.plan_claim(live, desired) == reconcile.ClaimPlan(None, None, ())
 
 
 def test_plan_claim_grows_but_never_shrinks_or_moves() -> None:
     live = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
     bigger = reconcile.build_pvc("ns", "p", {"size": "2048Mi", "reclaimPolicy": "Retain"}, TARGET)
     plan = reconcile.plan_claim(live, bigger)
+    # Two patches: the cluster may refuse the resize, never the annotation.
     assert plan.patch == {
-        "metadata": {"annotations": {reconcile.ANNOTATION_RECLAIM_POLICY: "Retain"}},
-        "spec": {"resources": {"requests": {"storage": "2048Mi"}}},
-    }
+        "metadata": {"annotations": {reconcile.ANNOTATION_RECLAIM_POLICY: "Retain"}}}
+    assert plan.resize == {"spec": {"resources": {"requests": {"storage": "2048Mi"}}}}
     assert plan.problems == ()
     same = reconcile.build_pvc("ns", "p", {"size": "1024Mi"}, TARGET)
-    assert reconcile.plan_claim(live, same) == reconcile.ClaimPlan(None, ())
+    assert reconcile.plan_claim(live, same) == reconcile.ClaimPlan(None, None, ())
     smaller = reconcile.build_pvc(
         "ns", "p", {"size": "500Mi", "storageClassName": "fast",
                     "accessModes": ["ReadWriteOnce"]}, TARGET)
     plan = reconcile.plan_claim(live, smaller)
-    assert plan.patch is None
+    assert plan.patch is None and plan.resize is None
     assert [p.split(" ", 1)[0] for p in plan.problems] == [
         "sandbox.size", "sandbox.storageClassName", "sandbox.accessModes"]
+
+
+def test_claim_sync_reports_a_refused_resize_with_the_api_message() -> None:
+    live = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    bigger = reconcile.build_pvc("ns", "p", {"size": "5Gi"}, TARGET)
+    sync = reconcile.claim_sync(live, bigger, refused=(403, "only dynamically provisioned "
+                                                            "pvc can be resized"))
+    claim = reconcile.claim_name("ns", "p")
+    assert sync == reconcile.ClaimSync(False, "ResizeRefused", (
+        f"the cluster refused to resize claim agenttx-system/{claim} from 1Gi to 5Gi "
+        "(HTTP 403: only dynamically provisioned pvc can be resized); the sandbox keeps 1Gi"))
+    drift = reconcile.claim_sync(live, bigger, problems=["sandbox.accessModes differ"])
+    assert (drift.synced, drift.reason, drift.message) == (
+        False, "ClaimDrift", "sandbox.accessModes differ")
+    assert reconcile.claim_sync(live, live) == reconcile.ClaimSync(
+        True, "InSync", f"claim agenttx-system/{claim} matches spec.sandbox")
 
 
 def test_quantities_compare_in_bytes() -> None:
@@ -338,6 +368,54 @@ def test_volume_ready_needs_bound_claim_and_rolled_out_deployment() -> None:
     assert reconcile.volume_ready(pvc, None)[0] is False
 
 
+BOUND = {**reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET), "status": {"phase": "Bound"}}
+
+
+@pytest.mark.parametrize(("status", "why"), [
+    # The issue's case: both new pods are up, but an old pod (without the mount) still
+    # serves during the surge.
+    ({"replicas": 3, "updatedReplicas": 2, "availableReplicas": 2},
+     "1 old pod(s) without the sandbox mount still running"),
+    ({"replicas": 2, "updatedReplicas": 2, "availableReplicas": 1},
+     "1/2 updated pods available"),
+    ({"replicas": 2, "updatedReplicas": 2},
+     "0/2 updated pods available"),
+    ({"replicas": 3, "updatedReplicas": 1, "availableReplicas": 3},
+     "1/2 pods updated"),
+    ({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2},
+     "has not observed the sandbox mount yet"),
+])
+def test_volume_ready_waits_for_the_rollout_to_complete(status: dict, why: str) -> None:
+    dep = service_deployment()
+    dep["status"] = {"observedGeneration": 3, **status}
+    ready, message = reconcile.volume_ready(BOUND, dep)
+    assert not ready
+    assert why in message
+
+
+def test_volume_ready_reports_a_stuck_rollout() -> None:
+    dep = service_deployment()
+    dep["status"] = {"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1,
+                     "availableReplicas": 2, "conditions": [{
+                         "type": "Progressing", "status": "False",
+                         "reason": "ProgressDeadlineExceeded",
+                         "message": 'ReplicaSet "agenttx-7d9" has timed out progressing.'}]}
+    ready, why = reconcile.volume_ready(BOUND, dep)
+    assert not ready
+    assert why == (
+        "the service Deployment is rolling out the sandbox mount (1/2 pods updated); "
+        "its rollout exceeded the progress deadline: "
+        'ReplicaSet "agenttx-7d9" has timed out progressing.')
+
+
+def test_volume_ready_once_every_pod_runs_the_mount() -> None:
+    dep = service_deployment()
+    assert reconcile.volume_ready(BOUND, dep) == (True, "")
+    dep["spec"]["replicas"] = 0  # scaled to zero: no pod can serve without the mount
+    dep["status"] = {"observedGeneration": 3}
+    assert reconcile.volume_ready(BOUND, dep) == (True, "")
+
+
 # ---- status ------------------------------------------------------------------------
 
 def test_status_published_is_ready_true() -> None:
@@ -392,6 +470,37 @@ def test_status_is_idempotent_and_keeps_other_conditions() -> None:
     assert set(reconcile.status_patch(first, changed)) == {"observedGeneration", "conditions"}
 
 
+def test_status_claim_condition_is_set_kept_and_removed() -> None:
+    refused = reconcile.ClaimSync(False, "ResizeRefused", "refused")
+    first = reconcile.build_status(None, generation=2, reason=reconcile.REASON_PUBLISHED,
+                                   message="ok", sandbox_claim="s/c", now=NOW,
+                                   claim_sync=refused)
+    assert first["conditions"] == [
+        {"type": "SandboxClaimSynced", "status": "False", "observedGeneration": 2,
+         "lastTransitionTime": NOW, "reason": "ResizeRefused", "message": "refused"},
+        {"type": "Ready", "status": "True", "observedGeneration": 2,
+         "lastTransitionTime": NOW, "reason": "Published", "message": "ok"},
+    ]
+    # KEEP (an invalid spec, a deletion): the claim condition stays exactly as it was.
+    kept = reconcile.build_status(first, generation=3, reason=reconcile.REASON_INVALID_SPEC,
+                                  message="bad", sandbox_claim="s/c", now=LATER)
+    assert kept["conditions"][0] == first["conditions"][0]
+    # Same False status again: the transition time stays; flipping to True moves it.
+    again = reconcile.build_status(first, generation=3, reason=reconcile.REASON_PUBLISHED,
+                                   message="ok", sandbox_claim="s/c", now=LATER,
+                                   claim_sync=refused)
+    assert again["conditions"][0]["lastTransitionTime"] == NOW
+    fixed = reconcile.build_status(again, generation=4, reason=reconcile.REASON_PUBLISHED,
+                                   message="ok", sandbox_claim="s/c", now=LATER,
+                                   claim_sync=reconcile.ClaimSync(True, "InSync", "fine"))
+    assert fixed["conditions"][0]["status"] == "True"
+    assert fixed["conditions"][0]["lastTransitionTime"] == LATER
+    # No sandbox any more: the condition goes.
+    gone = reconcile.build_status(fixed, generation=5, reason=reconcile.REASON_PUBLISHED,
+                                  message="ok", sandbox_claim=None, now=LATER, claim_sync=None)
+    assert [c["type"] for c in gone["conditions"]] == ["Ready"]
+
+
 # ---- deletion ----------------------------------------------------------------------
 
 def test_delete_removes_claim_unless_retained() -> None:
@@ -416,12 +525,98 @@ def test_orphaned_keys_respects_prefix_namespaces_and_live_policies() -> None:
         b"/other/policies/a/gone": 8,
     }
     existing = {("a", "live")}
-    assert reconcile.orphaned_keys(published, existing, "/agenttx") == {
-        b"/agenttx/policies/a/gone": 6, b"/agenttx/policies/b/gone": 7}
-    assert reconcile.orphaned_keys(published, existing, "/agenttx", ["a"]) == {
-        b"/agenttx/policies/a/gone": 6}
+    for keys in (Keys("/agenttx"), Keys("agenttx")):
+        assert reconcile.orphaned_keys(published, existing, keys) == {
+            b"/agenttx/policies/a/gone": 6, b"/agenttx/policies/b/gone": 7}
+        assert reconcile.orphaned_keys(published, existing, keys, ["a"]) == {
+            b"/agenttx/policies/a/gone": 6}
 
 
 def test_retry_delay_doubles_up_to_the_cap() -> None:
     assert [reconcile.retry_delay(r, 2, 60) for r in range(7)] == [2, 4, 8, 16, 32, 60, 60]
     assert reconcile.retry_delay(10_000, 2, 60) == 60
+
+
+# ---- service-account issuer keys (jwks) ---------------------------------------------
+
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+DISCOVERY = {
+    "issuer": ISSUER,
+    "jwks_uri": "https://172.18.0.2:6443/openid/v1/jwks",
+    "response_types_supported": ["id_token"],
+    "subject_types_supported": ["public"],
+    "id_token_signing_alg_values_supported": ["RS256"],
+}
+
+
+def public_jwk(kid: str) -> dict:
+    """An RSA public key as the API server serves it in /openid/v1/jwks."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return {**jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True),
+            "kid": kid, "use": "sig", "alg": "RS256"}
+
+
+@pytest.fixture(scope="module")
+def k1() -> dict:
+    return public_jwk("k1")
+
+
+def test_discovery_gives_issuer_and_jwks_uri() -> None:
+    d = jwks.parse_discovery(DISCOVERY)
+    assert d == jwks.Discovery(issuer=ISSUER, jwks_uri=DISCOVERY["jwks_uri"])
+    assert d.jwks_uri_path == jwks.JWKS_PATH
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ([DISCOVERY], "the discovery document is not a JSON object"),
+    ({**DISCOVERY, "issuer": ""}, 'the discovery document has no issuer: ""'),
+    ({"jwks_uri": "https://x/openid/v1/jwks"}, "the discovery document has no issuer: null"),
+    ({**DISCOVERY, "jwks_uri": 7}, "the discovery document has no jwks_uri: 7"),
+])
+def test_discovery_without_issuer_or_jwks_uri_is_refused(doc: object, message: str) -> None:
+    with pytest.raises(jwks.JwksError) as err:
+        jwks.parse_discovery(doc)
+    assert str(err.value).startswith(message)
+
+
+def test_document_is_issuer_and_the_public_keys(k1: dict) -> None:
+    doc = jwks.build_document(jwks.parse_discovery(DISCOVERY), {"keys": [k1], "extra": 1})
+    assert doc == {"issuer": ISSUER, "jwks": {"keys": [k1]}}
+    assert jwks.describe(doc) == f"issuer {ISSUER}, 1 key(s): k1"
+    # What the service will do with it: PyJWT loads the published key set.
+    assert [k.key_id for k in jwt.PyJWKSet.from_dict(doc["jwks"])] == ["k1"]
+
+
+def test_document_is_byte_stable(k1: dict) -> None:
+    d = jwks.parse_discovery(DISCOVERY)
+    shuffled = dict(reversed(list(k1.items())))
+    first = jwks.encode(jwks.build_document(d, {"keys": [k1]}))
+    assert first == jwks.encode(jwks.build_document(d, {"keys": [shuffled]}))
+    assert json.loads(first) == {"issuer": ISSUER, "jwks": {"keys": [k1]}}
+    assert first.startswith(b'{"issuer":"https://kubernetes.default.svc.cluster.local",')
+
+
+@pytest.mark.parametrize(("keyset", "message"), [
+    ([], "the key set is not a JSON object: []"),
+    ({}, "the key set has no keys: null"),
+    ({"keys": []}, "the key set has no keys: []"),
+    ({"keys": "k1"}, 'the key set has no keys: "k1"'),
+    ({"keys": ["k1"]}, 'key 0 is not a JWK (an object with a kty): "k1"'),
+    ({"keys": [{"kid": "k1"}]}, 'key 0 is not a JWK (an object with a kty): {"kid": "k1"}'),
+    ({"keys": [{"kty": "RSA", "kid": "junk", "n": "AQAB", "e": "%%"}]},
+     "the key set has no key usable for verification"),
+    ({"keys": [{"kty": "oct", "kid": "s", "k": "c2VjcmV0"}]},
+     "key 0 (s) carries private members k; only public keys are published"),
+])
+def test_garbage_key_sets_are_refused(keyset: object, message: str) -> None:
+    with pytest.raises(jwks.JwksError) as err:
+        jwks.build_document(jwks.parse_discovery(DISCOVERY), keyset)
+    assert str(err.value).startswith(message)
+
+
+def test_a_private_key_is_never_published(k1: dict) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = {**jwt.algorithms.RSAAlgorithm.to_jwk(key, as_dict=True), "kid": "oops"}
+    with pytest.raises(jwks.JwksError, match=r"key 1 \(oops\) carries private members "
+                                             r"d, dp, dq, p, q, qi"):
+        jwks.build_document(jwks.parse_discovery(DISCOVERY), {"keys": [k1, private]})
