@@ -607,11 +607,11 @@ def test_tls_readiness_probe_runs_the_shipped_script(chart: helm_python.Chart) -
     dep = one(docs, "Deployment", "agenttx")
     c = container(dep, "agenttx")
     assert c["readinessProbe"]["exec"]["command"] == [
-        "python", "/etc/agenttx/probe/grpc_health.py", "--port", "50051", "--timeout", "2"]
+        "python", "/etc/agenttx/probe/tls_health_probe.py", "--port", "50051", "--timeout", "2"]
     assert "grpc" not in c["readinessProbe"]
     assert c["livenessProbe"]["tcpSocket"] == {"port": "grpc"}
     assert volumes(dep)["probe"]["configMap"]["name"] == "agenttx-probe"
     assert mounts(c)["probe"]["mountPath"] == "/etc/agenttx/probe"
-    script = one(docs, "ConfigMap", "agenttx-probe")["data"]["grpc_health.py"]
-    assert script == (CHART / "files" / "probes" / "grpc_health.py").read_text().rstrip("\n")
+    script = one(docs, "ConfigMap", "agenttx-probe")["data"]["tls_health_probe.py"]
+    assert script == (CHART / "files" / "probes" / "tls_health_probe.py").read_text().rstrip("\n")
     assert find(render(chart), "ConfigMap", "agenttx-probe") == []  # plaintext: not needed

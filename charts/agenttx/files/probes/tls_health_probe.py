@@ -11,7 +11,8 @@ the cluster would: the Secret's ca.crt (else the system roots), for the first DN
 of the served certificate (else its first IP address or its CommonName). With
 AGENTTX_TLS_CLIENT_CA_FILE set (mTLS) it presents the served certificate as its client
 certificate. It must never write anything (the root filesystem is read-only) and never
-print key material.
+print key material. (Its name must not shadow a module it imports: Python puts the
+script's folder first on sys.path.)
 
 Exit codes: 0 SERVING; 1 any other status; 2 the check could not be made.
 """
