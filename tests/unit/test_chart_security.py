@@ -615,3 +615,20 @@ def test_tls_readiness_probe_runs_the_shipped_script(chart: helm_python.Chart) -
     script = one(docs, "ConfigMap", "agenttx-probe")["data"]["tls_health_probe.py"]
     assert script == (CHART / "files" / "probes" / "tls_health_probe.py").read_text().rstrip("\n")
     assert find(render(chart), "ConfigMap", "agenttx-probe") == []  # plaintext: not needed
+
+
+# ---- what helm install prints ----------------------------------------------------------
+
+def test_install_notes_tell_agents_how_to_authenticate(chart: helm_python.Chart) -> None:
+    from support.chart import notes
+
+    text = notes(chart)
+    assert "Authentication: kubernetes" in text
+    assert "`authorization: Bearer <token>`" in text
+    assert "audience: agenttx\n                expirationSeconds: 3600\n" in text
+    assert "--audience agenttx" in text
+    assert "kubectl label namespace <agent namespace> agenttx.io/client=true" in text
+    assert "WARNING" not in text
+    assert "issuer keys" in notes(chart, {"operator": {"enabled": False}})
+    assert "WARNING: none." in notes(chart, VARIANTS["auth-none"])
+    assert "(TLS, client certificates required)" in notes(chart, TLS_SECRET_MTLS)
