@@ -420,3 +420,25 @@ def test_every_value_is_commented() -> None:
                 exempt_indent = indent
         previous = block_start = stripped
     assert undocumented == []
+
+
+def test_every_value_is_in_the_schema() -> None:
+    """Each key of values.yaml is declared in values.schema.json, down to where the schema
+    deliberately takes a free-form map (resources, labels, selectors, ...)."""
+    import json
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    undeclared: list[str] = []
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        if not isinstance(value, dict) or "properties" not in node:
+            return
+        for key, sub in value.items():
+            if key not in node["properties"]:
+                undeclared.append(f"{path}{key}")
+            else:
+                walk(sub, node["properties"][key], f"{path}{key}.")
+
+    walk(values, schema, "")
+    assert undeclared == []
