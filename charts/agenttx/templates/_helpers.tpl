@@ -82,17 +82,57 @@ client Service: one DNS name, load-balanced over the members. */}}
 {{- end }}
 {{- end }}
 
+{{/* Whether the service and operator talk TLS to etcd: the bundled cluster with
+etcd.tls.enabled, or an external one with etcd.external.tls.enabled. */}}
 {{- define "agenttx.etcd.tlsEnabled" -}}
-{{- if and (not .Values.etcd.enabled) .Values.etcd.external.tls.enabled }}true{{ end }}
+{{- if .Values.etcd.enabled }}
+{{- if .Values.etcd.tls.enabled }}true{{ end }}
+{{- else if .Values.etcd.external.tls.enabled }}true{{ end }}
+{{- end }}
+
+{{/* Secrets of the bundled cluster: the members' certificate (server and peer) and
+the client certificate of the service and operator. Both carry ca.crt. */}}
+{{- define "agenttx.etcd.serverSecret" -}}
+{{- printf "%s-tls" (include "agenttx.etcd.fullname" .) }}
+{{- end }}
+
+{{- define "agenttx.etcd.clientSecret" -}}
+{{- printf "%s-client-tls" (include "agenttx.etcd.fullname" .) }}
+{{- end }}
+
+{{/* CommonNames: peers must present the members' one (--peer-cert-allowed-cn). */}}
+{{- define "agenttx.etcd.memberCN" -}}
+{{- include "agenttx.etcd.fullname" . }}
+{{- end }}
+
+{{- define "agenttx.etcd.clientCN" -}}
+{{- printf "%s-client" (include "agenttx.etcd.fullname" .) }}
+{{- end }}
+
+{{/* DNS names of the members' certificate: the client Service and every member's
+stable name behind the peer Service, short and fully qualified, plus localhost for
+tools run inside a member pod. */}}
+{{- define "agenttx.etcd.dnsNames" -}}
+{{- $etcd := include "agenttx.etcd.fullname" . }}
+{{- $peer := include "agenttx.etcd.headless" . }}
+{{- $ns := .Release.Namespace }}
+{{- $d := .Values.clusterDomain }}
+{{- toYaml (list $etcd (printf "%s.%s" $etcd $ns) (printf "%s.%s.svc" $etcd $ns) (printf "%s.%s.svc.%s" $etcd $ns $d) (printf "*.%s.%s.svc" $peer $ns) (printf "*.%s.%s.svc.%s" $peer $ns $d) "localhost") }}
 {{- end }}
 
 {{- define "agenttx.etcd.tlsDir" -}}/etc/agenttx/etcd-tls{{- end }}
 
+{{/* Where the members mount their own certificate. */}}
+{{- define "agenttx.etcd.memberTlsDir" -}}/etc/etcd/tls{{- end }}
+
 {{/* TLS env vars; pass (dict "ctx" $ "prefix" "AGENTTX_"). */}}
 {{- define "agenttx.etcd.tlsEnv" -}}
 {{- if include "agenttx.etcd.tlsEnabled" .ctx }}
-{{- $tls := .ctx.Values.etcd.external.tls }}
 {{- $dir := include "agenttx.etcd.tlsDir" .ctx }}
+{{- $tls := dict "caKey" "ca.crt" "certKey" "tls.crt" "keyKey" "tls.key" }}
+{{- if not .ctx.Values.etcd.enabled }}
+{{- $tls = .ctx.Values.etcd.external.tls }}
+{{- end }}
 - name: {{ .prefix }}ETCD_CA_FILE
   value: {{ printf "%s/%s" $dir $tls.caKey | quote }}
 {{- if and $tls.certKey $tls.keyKey }}
@@ -104,14 +144,19 @@ client Service: one DNS name, load-balanced over the members. */}}
 {{- end }}
 {{- end }}
 
+{{/* The etcd client Secret, mounted as a directory (rotated files show up in place). */}}
 {{- define "agenttx.etcd.tlsVolume" -}}
 {{- if include "agenttx.etcd.tlsEnabled" . }}
+{{- $secret := include "agenttx.etcd.clientSecret" . }}
+{{- if not .Values.etcd.enabled }}
 {{- if not .Values.etcd.external.tls.secretName }}
 {{- fail "etcd.external.tls.enabled: set etcd.external.tls.secretName" }}
 {{- end }}
+{{- $secret = .Values.etcd.external.tls.secretName }}
+{{- end }}
 - name: etcd-tls
   secret:
-    secretName: {{ .Values.etcd.external.tls.secretName }}
+    secretName: {{ $secret }}
     defaultMode: 0440
 {{- end }}
 {{- end }}
@@ -121,5 +166,51 @@ client Service: one DNS name, load-balanced over the members. */}}
 - name: etcd-tls
   mountPath: {{ include "agenttx.etcd.tlsDir" . }}
   readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* ---- client-facing TLS and authentication of the service ---------------------- */}}
+
+{{- define "agenttx.tls.enabled" -}}
+{{- if or .Values.tls.secretName .Values.tls.certManager.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "agenttx.tls.secretName" -}}
+{{- default (printf "%s-tls" (include "agenttx.fullname" .)) .Values.tls.secretName }}
+{{- end }}
+
+{{- define "agenttx.tls.dir" -}}/etc/agenttx/tls{{- end }}
+
+{{- define "agenttx.auth.dir" -}}/etc/agenttx/auth{{- end }}
+
+{{- define "agenttx.probe.dir" -}}/etc/agenttx/probe{{- end }}
+
+{{/* The Service's own DNS names (the service certificate always carries them). */}}
+{{- define "agenttx.service.dnsNames" -}}
+{{- $n := include "agenttx.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- toYaml (concat (list $n (printf "%s.%s" $n $ns) (printf "%s.%s.svc" $n $ns) (printf "%s.%s.svc.%s" $n $ns .Values.clusterDomain)) .Values.tls.certManager.dnsNames | uniq) }}
+{{- end }}
+
+{{/* Whether the operator publishes the issuer keys (and gets the RBAC to read them). */}}
+{{- define "agenttx.operator.publishJwks" -}}
+{{- if and .Values.operator.enabled .Values.operator.jwks.publish (eq .Values.auth.mode "kubernetes") }}true{{ end }}
+{{- end }}
+
+{{/* Settings that only make sense together; rendered by service-deployment.yaml, so a
+bad combination fails `helm install` with a message instead of a crash-looping pod. */}}
+{{- define "agenttx.validate" -}}
+{{- $mode := .Values.auth.mode }}
+{{- if and (eq $mode "none") (not .Values.auth.allowUnauthenticated) }}
+{{- fail "auth.mode none: the service listens on 0.0.0.0, so anyone who can reach it could act as any agent; set auth.allowUnauthenticated=true to accept that" }}
+{{- end }}
+{{- if and (eq $mode "token") (not .Values.auth.token.secretName) }}
+{{- fail "auth.mode token: set auth.token.secretName (a Secret with the tokens file)" }}
+{{- end }}
+{{- if and (eq $mode "mtls") (not (and (include "agenttx.tls.enabled" .) .Values.tls.clientAuth)) }}
+{{- fail "auth.mode mtls: needs client certificates: set tls.secretName or tls.certManager.enabled, and tls.clientAuth=true" }}
+{{- end }}
+{{- if and .Values.tls.certManager.enabled (not .Values.tls.certManager.issuerRef.name) }}
+{{- fail "tls.certManager.enabled: set tls.certManager.issuerRef.name (an Issuer or ClusterIssuer your agents trust)" }}
 {{- end }}
 {{- end }}
