@@ -256,9 +256,7 @@ def test_operator_env_matches_its_settings() -> None:
     names |= {f"{n}_FILE" for n in ("ETCD_CA", "ETCD_CERT", "ETCD_KEY")}
     names -= {"ETCD_CA", "ETCD_CERT", "ETCD_KEY", ""}
     fields = {f.upper() for f in OperatorConfig.model_fields}
-    # The issuer-key publisher's settings come with the operator's JWKS work (a parallel
-    # branch); once merged they are fields like the others and this allowance is moot.
-    assert names - fields <= {"JWKS_PUBLISH", "JWKS_REFRESH_S"}, names - fields
+    assert names - fields == set(), names - fields
 
 
 def test_service_env_matches_its_settings(chart: helm_python.Chart) -> None:
