@@ -12,6 +12,7 @@ test: venv
 	.venv/bin/python scripts/gen_proto.py --check
 	.venv/bin/ruff check .
 	.venv/bin/mypy service/agenttx operator/agenttx_operator
+	.venv/bin/lint-imports --no-cache
 	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10
 
 unit: venv
@@ -23,6 +24,7 @@ integration: venv
 lint: venv
 	.venv/bin/ruff check .
 	.venv/bin/mypy service/agenttx operator/agenttx_operator
+	.venv/bin/lint-imports --no-cache
 
 proto: venv
 	.venv/bin/python scripts/gen_proto.py
