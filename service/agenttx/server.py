@@ -26,14 +26,14 @@ from .effects.channels import ChannelRegistry
 from .effects.outbox import Dispatcher
 from .engine.engine import Engine
 from .engine.limits import RESPONSE_BYTES
-from .engine.policies import PolicyCache
 from .engine.policy import RollbackSettings
-from .engine.reaper import Reaper
 from .observability.metrics import METRICS
 from .store.client import Store, connect
 from .store.embedded import EmbeddedEtcd
 from .store.layout import Keys
 from .tools.registry import ToolRegistry
+from .workers.policies import PolicyCache
+from .workers.reaper import Reaper
 
 log = logging.getLogger(__name__)
 

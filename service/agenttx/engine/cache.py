@@ -28,7 +28,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store.client import KeyValue
+from ..store.ops import KeyValue
 from .state import StagedEffect, StepRecord, Touched, TxHeader
 
 # Approximate per-object overheads for the byte accounting (CPython, 64-bit).

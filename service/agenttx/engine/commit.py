@@ -24,8 +24,8 @@ from .. import failpoints
 from ..errors import Conflict, FailedPrecondition, NotFound, StoreUnavailable
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.client import KeyValue, Store
 from ..store.layout import Keys, describe_data_key
+from ..store.ops import KeyValue, KeyValueStore
 from .cache import DataCache, TxCache, TxState
 from .model import Caller, CommitOutcome
 from .ops import CommitSnapshot, commit_plan, is_data_key
@@ -44,7 +44,7 @@ class RetentionLease:
     commit never grants a lease of its own: keys live between `retention_s` and
     `retention_s + bucket` after their commit, then etcd deletes them."""
 
-    def __init__(self, store: Store, retention_s: int) -> None:
+    def __init__(self, store: KeyValueStore, retention_s: int) -> None:
         self.store = store
         self.retention_s = retention_s
         self.bucket_s = max(1, min(3600, retention_s // 4))
@@ -60,7 +60,7 @@ class RetentionLease:
 
 
 class Committer:
-    def __init__(self, *, store: Store, keys: Keys, loader: Loader, undoer: Undoer,
+    def __init__(self, *, store: KeyValueStore, keys: Keys, loader: Loader, undoer: Undoer,
                  txs: TxCache, data: DataCache, dispatcher: Any,
                  retention: RetentionLease) -> None:
         self.store, self.keys, self.loader, self.undoer = store, keys, loader, undoer

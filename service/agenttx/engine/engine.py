@@ -34,8 +34,8 @@ from typing import Any
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.client import Compare, Get, Put, Store, cmp_absent, cmp_exists, prefix_end
 from ..store.layout import Keys
+from ..store.ops import Compare, Get, KeyValueStore, Put, cmp_absent, cmp_exists, prefix_end
 from ..tools.registry import ToolRegistry
 from .cache import DataCache, TxCache, TxState
 from .commit import Committer, RetentionLease
@@ -79,7 +79,7 @@ class Engine:
     def __init__(
         self,
         *,
-        store: Store,
+        store: KeyValueStore,
         keys: Keys,
         tools: ToolRegistry,
         resolve_policy: ResolvePolicy,

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..store.client import (
+from ..store.layout import Keys
+from ..store.ops import (
     Compare,
     Delete,
     Get,
@@ -24,7 +25,6 @@ from ..store.client import (
     op_delete_from,
     op_delete_prefix,
 )
-from ..store.layout import Keys
 from .state import (
     StagedEffect,
     StepRecord,

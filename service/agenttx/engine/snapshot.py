@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import NotFound
-from ..store.client import Get, KeyValue, Store, prefix_end
 from ..store.layout import Keys
+from ..store.ops import Get, KeyValue, KeyValueStore, prefix_end
 from .cache import DataCache, TxCache, TxState
 from .state import (
     StagedEffect,
@@ -37,7 +37,7 @@ def not_found(tx_id: str) -> NotFound:
 
 
 class Loader:
-    def __init__(self, store: Store, keys: Keys, txs: TxCache, data: DataCache) -> None:
+    def __init__(self, store: KeyValueStore, keys: Keys, txs: TxCache, data: DataCache) -> None:
         self.store, self.keys, self.txs, self.data = store, keys, txs, data
 
     # ---- a step ------------------------------------------------------------------------

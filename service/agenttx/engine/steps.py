@@ -33,8 +33,8 @@ from ..cleaner import clean_error
 from ..errors import FailedPrecondition, NotFound, StoreUnavailable
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.client import KeyValue
 from ..store.layout import Keys
+from ..store.ops import KeyValue
 from ..tools.base import RollbackKind, Tool, ToolError, validate_arguments
 from ..tools.registry import ToolRegistry
 from . import sandbox

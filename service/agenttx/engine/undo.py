@@ -29,8 +29,8 @@ from .. import failpoints
 from ..errors import FailedPrecondition, NotFound
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.client import Compare, Store, TxnResult
 from ..store.layout import Keys
+from ..store.ops import Compare, KeyValueStore, TxnResult
 from ..tools.registry import ToolRegistry
 from . import sandbox
 from .cache import DataCache, TxCache, TxState
@@ -83,7 +83,7 @@ class UndoResult:
 
 
 class Undoer:
-    def __init__(self, store: Store, keys: Keys, tools: ToolRegistry, loader: Loader,
+    def __init__(self, store: KeyValueStore, keys: Keys, tools: ToolRegistry, loader: Loader,
                  txs: TxCache, data: DataCache, replica_id: str) -> None:
         self.store, self.keys, self.tools, self.loader = store, keys, tools, loader
         self.txs, self.data, self.replica_id = txs, data, replica_id

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..args.jsonargs import dumps
-from ..store.client import KeyValue
 from ..store.layout import Keys, encode_id, fs_id
+from ..store.ops import KeyValue
 from ..tools.base import ToolError
 from . import sandbox
 from .cache import UNKNOWN, DataCache, TxState

@@ -19,8 +19,7 @@ import logging
 import pathlib
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import aetcd
 import grpc
@@ -28,6 +27,30 @@ from aetcd import rpc
 
 from ..errors import StoreError, StoreUnavailable
 from ..observability.context import count_round_trip
+
+# The typed operations live in store.ops; re-exported here for the operator and tests.
+from .ops import (  # noqa: F401
+    Compare,
+    Delete,
+    Get,
+    KeyValue,
+    Op,
+    Put,
+    TxnResult,
+    cmp_absent,
+    cmp_create,
+    cmp_exists,
+    cmp_lease,
+    cmp_mod,
+    cmp_value,
+    op_delete,
+    op_delete_from,
+    op_delete_prefix,
+    op_get,
+    op_get_prefix,
+    op_put,
+    prefix_end,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,132 +61,6 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 PAGE_SIZE = 256
 
 
-def prefix_end(prefix: bytes) -> bytes:
-    return aetcd.utils.prefix_range_end(prefix)
-
-
-# ---- typed results -------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class KeyValue:
-    key: bytes
-    value: bytes
-    mod_revision: int
-    create_revision: int
-    lease: int
-
-
-@dataclass(frozen=True, slots=True)
-class TxnResult:
-    """One etcd transaction's outcome. `results[i]` answers the i-th operation of the
-    branch that ran: the key-values of a `Get` (a list), None for writes."""
-
-    succeeded: bool
-    revision: int
-    results: list[list[KeyValue] | None]
-
-    def kvs(self, index: int) -> list[KeyValue]:
-        found = self.results[index] if index < len(self.results) else None
-        return found or []
-
-    def first(self, index: int) -> KeyValue | None:
-        found = self.kvs(index)
-        return found[0] if found else None
-
-
-# ---- typed operations ----------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Put:
-    key: bytes
-    value: bytes
-    lease: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Delete:
-    """Delete `key`, or every key in [key, range_end) when range_end is set."""
-
-    key: bytes
-    range_end: bytes = b""
-
-
-@dataclass(frozen=True, slots=True)
-class Get:
-    """Read `key`, or [key, range_end) (at most `limit` keys when limit > 0)."""
-
-    key: bytes
-    range_end: bytes = b""
-    limit: int = 0
-
-
-Op = Put | Delete | Get
-
-Target = Literal["mod", "create", "value", "lease"]
-Relation = Literal["==", "!=", "<", ">"]
-
-
-@dataclass(frozen=True, slots=True)
-class Compare:
-    """`key`'s `target` `relation` `operand`. etcd compares an absent key as all zeros:
-    mod/create revision 0, no value, lease 0."""
-
-    key: bytes
-    target: Target
-    relation: Relation
-    operand: int | bytes
-
-
-def op_put(key: bytes, value: bytes, lease: int = 0) -> Put:
-    return Put(key, value, lease)
-
-
-def op_delete(key: bytes) -> Delete:
-    return Delete(key)
-
-
-def op_delete_prefix(prefix: bytes) -> Delete:
-    return Delete(prefix, prefix_end(prefix))
-
-
-def op_delete_from(start: bytes, prefix: bytes) -> Delete:
-    """Delete every key of `prefix` from `start` on (e.g. steps >= j)."""
-    return Delete(start, prefix_end(prefix))
-
-
-def op_get(key: bytes) -> Get:
-    return Get(key)
-
-
-def op_get_prefix(prefix: bytes, limit: int = 0) -> Get:
-    return Get(prefix, prefix_end(prefix), limit)
-
-
-def cmp_mod(key: bytes, mod_revision: int) -> Compare:
-    """key's mod_revision == mod_revision (0 means: the key is absent)."""
-    return Compare(key, "mod", "==", mod_revision)
-
-
-def cmp_value(key: bytes, value: bytes) -> Compare:
-    return Compare(key, "value", "==", value)
-
-
-def cmp_absent(key: bytes) -> Compare:
-    return Compare(key, "create", "==", 0)
-
-
-def cmp_exists(key: bytes) -> Compare:
-    return Compare(key, "create", ">", 0)
-
-
-def cmp_create(key: bytes, create_revision: int) -> Compare:
-    """key's create_revision == create_revision (identifies one incarnation of a key)."""
-    return Compare(key, "create", "==", create_revision)
-
-
-def cmp_lease(key: bytes, lease_id: int) -> Compare:
-    """key is attached to lease `lease_id` (etcd >= 3.3)."""
-    return Compare(key, "lease", "==", lease_id)
 
 
 # ---- typed <-> etcdserverpb ----------------------------------------------------------

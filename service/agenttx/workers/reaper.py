@@ -20,13 +20,13 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
+from ..engine import sandbox
+from ..engine.engine import Engine
+from ..engine.state import AWAITING_ROLLBACK, decode_header
 from ..observability.metrics import METRICS
 from ..store.client import Store
 from ..store.layout import Keys
 from ..store.lease import LeaderLease, NotLeader
-from . import sandbox
-from .engine import Engine
-from .state import AWAITING_ROLLBACK, decode_header
 
 log = logging.getLogger(__name__)
 

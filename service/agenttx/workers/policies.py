@@ -13,10 +13,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..store.client import Store, op_get_prefix
-from ..store.layout import Keys
-from .model import ANONYMOUS, Caller
-from .policy import (
+from ..engine.model import ANONYMOUS, Caller
+from ..engine.policy import (
     EffectivePolicy,
     PublishedPolicy,
     RollbackSettings,
@@ -24,6 +22,8 @@ from .policy import (
     resolve_policy,
     select_policy,
 )
+from ..store.client import Store, op_get_prefix
+from ..store.layout import Keys
 
 log = logging.getLogger(__name__)
 
