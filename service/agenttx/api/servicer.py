@@ -36,7 +36,18 @@ _MESSAGES: dict[str, tuple[Any, Any]] = {
     "CommitTransaction": (pb.CommitTransactionRequest, pb.CommitTransactionResponse),
     "RollbackTransaction": (pb.RollbackTransactionRequest, pb.RollbackTransactionResponse),
     "GetTransaction": (pb.GetTransactionRequest, pb.GetTransactionResponse),
+    "ListTransactions": (pb.ListTransactionsRequest, pb.ListTransactionsResponse),
 }
+# ListTransactions page sizes (proto: default 100, at most 1000; larger asks are capped).
+LIST_DEFAULT_PAGE = 100
+LIST_MAX_PAGE = 1000
+_LIST_STATUS = {
+    pb.TRANSACTION_STATUS_UNSPECIFIED: None,
+    pb.TRANSACTION_STATUS_ACTIVE: "ACTIVE",
+    pb.TRANSACTION_STATUS_AWAITING_ROLLBACK: "AWAITING_ROLLBACK",
+}
+_ENDED_STATUSES = (pb.TRANSACTION_STATUS_COMMITTED, pb.TRANSACTION_STATUS_ABORTED,
+                   pb.TRANSACTION_STATUS_EXPIRED)
 
 
 class _Unparsable:
@@ -145,3 +156,25 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
                              context: grpc.aio.ServicerContext) -> pb.GetTransactionResponse:
         tx_id = validation.known_transaction_id(validation.transaction_id(request.transaction_id))
         return convert.transaction_response(await self.engine.get(tx_id))
+
+    @_guard
+    async def ListTransactions(self, request: pb.ListTransactionsRequest,  # noqa: N802
+                               context: grpc.aio.ServicerContext) -> pb.ListTransactionsResponse:
+        # Without authentication any caller may list; admin-only once §9 lands.
+        if request.status in _ENDED_STATUSES:
+            return pb.ListTransactionsResponse()  # ended transactions are never listed
+        if request.status not in _LIST_STATUS:
+            raise InvalidArgument(f"status {request.status} is not a TransactionStatus")
+        if len(request.agent_id_prefix.encode()) > validation.MAX_AGENT_ID_BYTES:
+            raise InvalidArgument(f"agent_id_prefix is longer than "
+                                  f"{validation.MAX_AGENT_ID_BYTES} bytes")
+        size = min(request.page_size or LIST_DEFAULT_PAGE, LIST_MAX_PAGE)
+        rows, token = await self.engine.list_transactions(
+            size, request.page_token, _LIST_STATUS[request.status], request.agent_id_prefix)
+        return pb.ListTransactionsResponse(next_page_token=token, transactions=[
+            pb.TransactionSummary(
+                transaction_id=r.transaction_id,
+                status=convert.TX_STATUS.get(r.status, pb.TRANSACTION_STATUS_UNSPECIFIED),
+                agent_id=r.agent_id, principal=r.principal, next_step_id=r.next_step_id,
+                created_at=r.created_at, updated_at=r.updated_at)
+            for r in rows])

@@ -23,6 +23,7 @@ Nothing here imports grpc: errors are agenttx.errors, results are engine.model t
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
 import pathlib
 import time
@@ -44,6 +45,7 @@ from ..store.client import (
     op_delete_prefix,
     op_get,
     op_put,
+    prefix_end,
 )
 from ..store.layout import COMMIT_RESERVED_OPS, Keys
 from ..tools.base import RollbackKind, ToolError, validate_arguments
@@ -87,6 +89,25 @@ COMMIT_BYTES_SHARE = 0.75
 # How long an fs.write may sit between its CAS and its rename before another replica
 # may treat it as interrupted (its owner is also checked for liveness).
 APPLY_GRACE_S = 30.0
+# ListTransactions: keys read per scan of the transaction subtree (keys only, so a few
+# tens of KiB), and headers read per etcd transaction (below etcd's upstream default of
+# 128 operations per Txn, embed.DefaultMaxTxnOps, so an external etcd accepts it too).
+LIST_SCAN_KEYS = 512
+LIST_HEADER_BATCH = 64
+OPEN_STATUSES = (ACTIVE, AWAITING_ROLLBACK)
+
+
+@dataclass(frozen=True)
+class TransactionSummary:
+    """One row of ListTransactions (read from the transaction header only)."""
+
+    transaction_id: str
+    status: str
+    agent_id: str
+    principal: str
+    next_step_id: int
+    created_at: float
+    updated_at: float
 
 
 @dataclass
@@ -824,6 +845,52 @@ class Engine:
         log.info("idle transaction expired", extra={"tx": tx_id, "undone": done})
         return True
 
+    # ------------------------------------------------------------------ list
+    async def list_transactions(self, page_size: int, page_token: str, status: str | None,
+                                agent_id_prefix: str) -> tuple[list[TransactionSummary], str]:
+        """One page of open transactions in key (= id) order, and the next page's token.
+
+        A minimal, self-contained version (the engine rewrite replaces it): the token is
+        the etcd key to resume from, the transaction subtree is scanned keys-only in
+        bounded chunks, and only header values are read, in batches. Cost per page is
+        bounded by `page_size` and the step keys of the listed transactions, never by how
+        much data other transactions hold. `status` None means every open status."""
+        tx_prefix = self.keys.all_tx_prefix()
+        end = prefix_end(tx_prefix)
+        start = _decode_page_token(page_token, tx_prefix)
+        wanted = (status,) if status else OPEN_STATUSES
+        found: list[TransactionSummary] = []
+        while True:
+            res = await self.store.txn([], [_range_op(start, end, LIST_SCAN_KEYS)],
+                                       what="list scan")
+            scanned = res.responses[0].response_range
+            keys = [bytes(kv.key) for kv in scanned.kvs]
+            headers = [k for k in keys
+                       if k.endswith(b"/header") and k[len(tx_prefix):].count(b"/") == 1]
+            for i in range(0, len(headers), LIST_HEADER_BATCH):
+                batch = headers[i:i + LIST_HEADER_BATCH]
+                read = await self.store.read(batch, what="list headers")
+                for key in batch:
+                    kv = read.single[key]
+                    if kv is None:  # ended since the scan
+                        continue
+                    h = from_json(kv.value)
+                    if h.get("status") not in wanted or \
+                            not str(h.get("agent_id", "")).startswith(agent_id_prefix):
+                        continue
+                    found.append(TransactionSummary(
+                        transaction_id=str(h["id"]), status=str(h["status"]),
+                        agent_id=str(h.get("agent_id", "")),
+                        principal=str(h.get("principal", "")),
+                        next_step_id=int(h["next_step_id"]),
+                        created_at=float(h.get("created_at", 0.0)),
+                        updated_at=float(h.get("updated_at", 0.0))))
+                    if len(found) == page_size:
+                        return found, _encode_page_token(key + b"\0", tx_prefix)
+            if not scanned.more or not keys:
+                return found, ""
+            start = keys[-1] + b"\0"
+
     # ------------------------------------------------------------------ get
     async def get(self, tx_id: str) -> TransactionView:
         snap = await self._load(tx_id)                                 # round trip 1
@@ -866,6 +933,30 @@ def _offending_ref(argument: str | None, provenance: dict[str, int]) -> int | No
     return None
 
 
+def _range_op(start: bytes, end: bytes, limit: int) -> Any:
+    """A keys-only range read of at most `limit` keys in [start, end), built from the
+    store's own op constructor so the engine needs no etcd message types."""
+    op = op_get(start)
+    op.request_range.range_end = end
+    op.request_range.limit = limit
+    op.request_range.keys_only = True
+    return op
+
+
+def _encode_page_token(resume_key: bytes, tx_prefix: bytes) -> str:
+    return base64.urlsafe_b64encode(resume_key[len(tx_prefix):]).decode().rstrip("=")
+
+
+def _decode_page_token(token: str, tx_prefix: bytes) -> bytes:
+    if not token:
+        return tx_prefix
+    try:
+        rest = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (binascii.Error, ValueError):
+        raise InvalidArgument("page_token is not a token returned by ListTransactions") from None
+    return tx_prefix + rest
+
+
 def _describe_os_error(exc: BaseException, rec: dict[str, Any]) -> str:
     fs = rec.get("fs")
     if isinstance(exc, OSError) and fs:
@@ -899,4 +990,4 @@ def _dedupe_ops(ops: list[Any]) -> list[Any]:
     return out
 
 
-__all__ = ["Engine", "Snapshot"]
+__all__ = ["Engine", "Snapshot", "TransactionSummary"]
