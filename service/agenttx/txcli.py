@@ -88,6 +88,10 @@ def format_age(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _age_s(created_at: float, now: float) -> float | None:
     return round(max(0.0, now - created_at), 1) if created_at > 0 else None
 
@@ -191,17 +195,18 @@ def _rollback(client: Client, ns: argparse.Namespace, out: TextIO, err: TextIO) 
     tx = ns.transaction_id
     if not result.rolled_back:
         print(f"agenttx tx rollback: rollback of {tx} is incomplete "
-              f"({result.compensations_run} undo actions ran); the transaction waits for "
+              f"({_n(result.compensations_run, 'undo action')} ran); the transaction waits for "
               "another rollback, which resumes where this one stopped. Failed:", file=err)
         for e in result.compensation_errors:
             print(f"  - {e}", file=err)
         return EXIT_INCOMPLETE
     if ns.to_step:
         print(f"rolled back transaction {tx} to before step {ns.to_step}: "
-              f"{result.compensations_run} undo actions; next step {result.next_step_id}",
+              f"{_n(result.compensations_run, 'undo action')}; next step {result.next_step_id}",
               file=out)
     else:
-        print(f"aborted transaction {tx}: {result.compensations_run} undo actions", file=out)
+        print(f"aborted transaction {tx}: {_n(result.compensations_run, 'undo action')}",
+              file=out)
     return EXIT_OK
 
 

@@ -124,7 +124,7 @@ def test_rollback_to_a_step_and_abort(client, target, sandbox, uniq):
     assert (sandbox / f"rb-{uniq}.txt").exists()
     run = tx_cli("rollback", tx.id, "--to-step", "2", "--target", target)
     assert (run.returncode, run.stderr) == (0, "")
-    assert run.stdout == f"rolled back transaction {tx.id} to before step 2: 1 undo actions; " \
+    assert run.stdout == f"rolled back transaction {tx.id} to before step 2: 1 undo action; " \
                          "next step 2\n"
     assert not (sandbox / f"rb-{uniq}.txt").exists()
     assert client.get(tx.id).next_step_id == 2
@@ -133,7 +133,7 @@ def test_rollback_to_a_step_and_abort(client, target, sandbox, uniq):
     assert run.returncode == 2 and "out of range" in run.stderr
 
     run = tx_cli("rollback", tx.id, "--target", target)
-    assert (run.returncode, run.stdout) == (0, f"aborted transaction {tx.id}: 1 undo actions\n")
+    assert (run.returncode, run.stdout) == (0, f"aborted transaction {tx.id}: 1 undo action\n")
     assert tx_cli("show", tx.id, "--target", target).returncode == 3
 
 
