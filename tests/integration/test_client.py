@@ -314,3 +314,44 @@ def test_a_commit_on_a_replica_that_dies_reports_the_failed_reread(etcd, scratch
         assert not tx.finished
     finally:
         svc.stop()
+
+
+# ---- listing -----------------------------------------------------------------------------
+
+def test_list_transactions_pages_filters_and_skips_ended_ones(client, client_b, sandbox, uniq):
+    prefix = f"list-{uniq}-"
+    txs = [client.begin(agent_id=f"{prefix}{i}") for i in range(5)]
+    txs[0].step("kv.put", {"key": f"l-{uniq}", "value": 1})
+    txs[4].commit()  # ended: never listed
+    listed = {t.transaction_id: t for t in client_b.list_transactions(agent_id_prefix=prefix,
+                                                                      page_size=2)}
+    assert set(listed) == {t.id for t in txs[:4]}
+    row = listed[txs[0].id]
+    assert (row.status, row.agent_id, row.principal, row.next_step_id) == \
+        (TransactionStatus.ACTIVE, f"{prefix}0", "", 2)
+    assert row.created_at > 0 and row.updated_at >= row.created_at
+    page = client_b.list_page(page_size=2, agent_id_prefix=prefix)
+    assert len(page.transactions) == 2 and page.next_page_token
+    rest = client_b.list_page(page_size=1000, page_token=page.next_page_token,
+                              agent_id_prefix=prefix)
+    assert {t.transaction_id for t in page.transactions + rest.transactions} == set(listed)
+    assert rest.next_page_token == ""
+    # status filter: one transaction waiting for a manual rollback
+    stuck = txs[1]
+    stuck.step("fs.write", {"path": f"list-{uniq}", "contents": "x"})
+    (sandbox / f"list-{uniq}").unlink()
+    (sandbox / f"list-{uniq}").mkdir()
+    (sandbox / f"list-{uniq}" / "f").write_text("x")
+    assert not stuck.rollback(to_step=1).rolled_back
+    waiting = list(client_b.list_transactions(status="AWAITING_ROLLBACK", agent_id_prefix=prefix))
+    assert [t.transaction_id for t in waiting] == [stuck.id]
+    assert waiting[0].status == TransactionStatus.AWAITING_ROLLBACK
+    assert list(client_b.list_transactions(status=TransactionStatus.COMMITTED,
+                                           agent_id_prefix=prefix)) == []
+    with pytest.raises(InvalidArgument, match="page_token"):
+        client_b.list_page(page_token="not base64!")
+    (sandbox / f"list-{uniq}" / "f").unlink()
+    (sandbox / f"list-{uniq}").rmdir()
+    for t in txs[:4]:
+        assert t.rollback().rolled_back
+    assert list(client_b.list_transactions(agent_id_prefix=prefix)) == []

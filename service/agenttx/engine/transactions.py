@@ -951,7 +951,7 @@ def _decode_page_token(token: str, tx_prefix: bytes) -> bytes:
     if not token:
         return tx_prefix
     try:
-        rest = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        rest = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
     except (binascii.Error, ValueError):
         raise InvalidArgument("page_token is not a token returned by ListTransactions") from None
     return tx_prefix + rest

@@ -113,7 +113,7 @@ def _widen(schema: dict[str, Any]) -> dict[str, Any]:
     if _accepts_any_string(schema):
         return schema
     lifted = {k: schema.pop(k) for k in _ANNOTATIONS if k in schema}
-    return {"anyOf": [schema, REFERENCE_SCHEMA], **lifted}
+    return {"anyOf": [schema, dict(REFERENCE_SCHEMA)], **lifted}
 
 
 __all__ = ["REFERENCE_PATTERN", "REFERENCE_SCHEMA", "input_schema"]
