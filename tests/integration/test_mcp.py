@@ -341,3 +341,38 @@ async def test_sigterm_aborts_the_open_transactions_of_http_sessions(svc, scratc
         client.get(tx)
     log = (scratch / f"mcp-http-{uniq}.log").read_text()
     assert "aborted an open transaction at shutdown" in log and tx in log
+
+
+def test_sigterm_aborts_the_open_transaction_of_a_stdio_session(svc, sandbox, uniq):
+    """Raw JSON-RPC lines over the pipes (the SDK client hides the process id)."""
+    path = sandbox / f"stdio-sig-{uniq}.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "agenttx", "mcp", "--target", svc.target],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    def send(message: dict[str, Any]) -> None:
+        proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.flush()
+
+    try:
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "raw-test", "version": "1"}}})
+        assert json.loads(proc.stdout.readline())["result"]["serverInfo"]["name"] == "agenttx"
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "fs_write", "arguments": {"path": path.name, "contents": "uncommitted"}}})
+        result = json.loads(proc.stdout.readline())["result"]
+        tx = result["structuredContent"]["transaction"]
+        assert result["isError"] is False and path.exists()
+        proc.send_signal(signal.SIGTERM)  # stdin stays open: only the signal stops it
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not path.exists()
+    with Client(svc.target) as client, pytest.raises(NotFound):
+        client.get(tx)
+    assert "aborted an open transaction at shutdown" in proc.stderr.read()

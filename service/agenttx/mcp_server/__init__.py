@@ -12,7 +12,8 @@ env `AGENTTX_TARGET`; `--token` / `AGENTTX_TOKEN`; `--tls*`).
 Named `mcp_server`, not `mcp`: a package `agenttx.mcp` would make `import mcp` inside it
 ambiguous to readers and tools, and a top-level `mcp.py` would shadow the SDK. This
 process never forks a gRPC-holding child (gRPC + fork with `preexec_fn` aborts): it
-spawns nothing at all. Logs go to stderr (on stdio, stdout is the protocol).
+spawns nothing at all. Logs go to stderr (on stdio, stdout is the protocol). On stdin's
+end, or SIGTERM/SIGINT, it aborts the transactions its sessions still hold.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 import anyio
 
 from ..client.cliargs import add_connection_arguments, connection_from_args
-from .bridge import Bridge, Settings
+from .bridge import CLOSE_TIMEOUT_S, Bridge, Settings
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +69,21 @@ async def _serve_stdio(bridge: Bridge) -> None:
     async with anyio.create_task_group() as tg:
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for _ in signals:
-                    tg.cancel_scope.cancel()
-                    return
+                async for signum in signals:
+                    # The SDK reads stdin in a worker thread that no cancellation can
+                    # interrupt, so a signal cannot unwind the server: abort the open
+                    # transactions here, then die of the signal (as uvicorn does on HTTP).
+                    with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                        await bridge.close()
+                    log.info("agenttx mcp stopped", extra={"signal": signal.Signals(signum).name})
+                    logging.shutdown()
+                    signal.signal(signum, signal.SIG_DFL)
+                    os.kill(os.getpid(), signum)
 
         tg.start_soon(stop_on_signal)
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
-        tg.cancel_scope.cancel()
+        tg.cancel_scope.cancel()  # stdin closed: the normal end
 
 
 async def _serve_http(bridge: Bridge, host: str, port: int, log_level: str) -> None:
