@@ -1,9 +1,11 @@
-"""`Client(tls=..., token=...)`: TLS with a private CA, mTLS and the bearer token.
+"""The client's transport: TLS with a private CA, mTLS, the bearer token, and which
+calls it retries.
 
 The service does not terminate TLS itself yet (SPEC §9 lands separately), so a real gRPC
-server with real TLS credentials sits in front of the real replica and forwards every
-call unchanged, recording the metadata and the client certificate it saw. The client
-talks TLS to it exactly as it will to a TLS-serving replica.
+server sits in front of the real replica and forwards every call unchanged, recording
+the metadata and the client certificate it saw; it can also answer UNAVAILABLE to the
+first calls of a method, the way a restarting replica does. The client talks to it
+exactly as it will to a replica.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from agenttx.client import TLS, AsyncClient, Client, Unavailable
+from agenttx.client import TLS, AsyncClient, Client, OutcomeUnknown, Unavailable
 
 
 def _name(cn: str) -> x509.Name:
@@ -68,23 +70,33 @@ class Pki:
         self.client_key.write_bytes(_pem_key(client_key))
 
 
-class TlsFront(grpc.GenericRpcHandler):
-    """A real TLS gRPC server forwarding raw requests to the replica."""
+class Front(grpc.GenericRpcHandler):
+    """A real gRPC server forwarding raw requests to the replica (TLS when given a Pki).
+    `fail[method] = n` answers the next n calls of `method` UNAVAILABLE instead."""
 
-    def __init__(self, upstream: str, pki: Pki) -> None:
+    def __init__(self, upstream: str, pki: Pki | None = None) -> None:
         self.channel = grpc.insecure_channel(upstream)
         self.seen: list[dict[str, Any]] = []
+        self.fail: dict[str, int] = {}
         self.lock = threading.Lock()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         self.server.add_generic_rpc_handlers((self,))
-        creds = grpc.ssl_server_credentials([(pki.server_key, pki.server_cert)],
-                                            root_certificates=pki.ca.read_bytes(),
-                                            require_client_auth=True)
-        self.port = self.server.add_secure_port("127.0.0.1:0", creds)
+        if pki is None:
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
+        else:
+            creds = grpc.ssl_server_credentials([(pki.server_key, pki.server_cert)],
+                                                root_certificates=pki.ca.read_bytes(),
+                                                require_client_auth=True)
+            self.port = self.server.add_secure_port("127.0.0.1:0", creds)
         self.server.start()
+
+    def calls(self, method: str) -> int:
+        with self.lock:
+            return sum(1 for c in self.seen if c["method"].endswith("/" + method))
 
     def service(self, handler_call_details: Any) -> Any:
         method = handler_call_details.method
+        name = method.rsplit("/", 1)[1]
         forward = self.channel.unary_unary(method)
 
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -95,6 +107,11 @@ class TlsFront(grpc.GenericRpcHandler):
                     "metadata": dict(context.invocation_metadata()),
                     "client_cn": [v.decode() for v in auth.get("x509_common_name", [])],
                 })
+                failing = self.fail.get(name, 0) > 0
+                if failing:
+                    self.fail[name] -= 1
+            if failing:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "front: replica restarting")
             try:
                 return forward(request, timeout=context.time_remaining())  # type: ignore[no-any-return]
             except grpc.RpcError as err:
@@ -115,7 +132,7 @@ def pki(scratch) -> Pki:
 
 @pytest.fixture(scope="module")
 def front(replicas, pki):
-    f = TlsFront(replicas[0].target, pki)
+    f = Front(replicas[0].target, pki)
     yield f
     f.close()
 
@@ -162,3 +179,56 @@ def test_a_wrong_tls_setup_never_reaches_the_service(front, pki, tls):
 def test_a_client_certificate_needs_its_key(pki):
     with pytest.raises(ValueError, match="cert= and key="):
         TLS(ca=pki.ca, cert=pki.client_cert)
+
+
+# ---- what is retried -----------------------------------------------------------------------
+
+@pytest.fixture
+def plain_front(replicas):
+    f = Front(replicas[0].target)
+    yield f
+    f.close()
+
+
+def test_reads_are_retried_while_the_service_is_unavailable(plain_front, uniq):
+    with Client(f"127.0.0.1:{plain_front.port}") as client:
+        tx = client.begin()
+        plain_front.fail["GetTransaction"] = 2
+        assert client.get(tx.id).next_step_id == 1
+        assert plain_front.calls("GetTransaction") == 3  # two UNAVAILABLE, then the answer
+        plain_front.fail["ListTransactions"] = 1
+        assert [t.transaction_id for t in client.list_transactions(agent_id_prefix="")
+                if t.transaction_id == tx.id] == [tx.id]
+        assert plain_front.calls("ListTransactions") >= 2
+        tx.rollback()
+
+
+def test_steps_commits_and_rollbacks_are_never_retried(plain_front, uniq):
+    with Client(f"127.0.0.1:{plain_front.port}") as client:
+        tx = client.begin()
+        plain_front.fail["ExecuteStep"] = 1
+        with pytest.raises(OutcomeUnknown) as step:
+            tx.step("kv.put", {"key": f"once-{uniq}", "value": 1})
+        assert plain_front.calls("ExecuteStep") == 1
+        assert step.value.code == grpc.StatusCode.UNAVAILABLE
+        assert step.value.state is not None and step.value.state.next_step_id == 1
+        assert "the step did not apply" in step.value.details  # the front never forwarded it
+        assert tx.step("kv.put", {"key": f"once-{uniq}", "value": 1}).step_id == 1
+
+        plain_front.fail["CommitTransaction"] = 1
+        with pytest.raises(OutcomeUnknown) as commit:
+            tx.commit()
+        assert plain_front.calls("CommitTransaction") == 1
+        assert commit.value.state is not None and not commit.value.ended
+        assert "still open (ACTIVE, next_step_id 2)" in commit.value.details
+        assert not tx.finished
+
+        plain_front.fail["RollbackTransaction"] = 1
+        with pytest.raises(OutcomeUnknown):
+            tx.rollback()
+        assert plain_front.calls("RollbackTransaction") == 1
+        plain_front.fail["BeginTransaction"] = 1
+        with pytest.raises(Unavailable):
+            client.begin()
+        assert plain_front.calls("BeginTransaction") == 2  # the first begin, then this one
+        assert tx.rollback().rolled_back
