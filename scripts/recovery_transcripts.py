@@ -1,9 +1,10 @@
 """Print the worked transcripts of docs/recovery.md by running them against a real service.
 
 Why: the transcripts in the docs must be what the service really answers, not what we
-think it answers. This starts `agenttx serve` with its embedded etcd in a temporary
-folder, plays one scenario per rollback strategy through gRPC, and prints each call and
-the response fields that matter as Markdown. Paste the output into docs/recovery.md.
+think it answers. This starts a real etcd and `agenttx serve` in a temporary folder
+(`agenttx.testing.serve`), plays one scenario per rollback strategy through gRPC, and
+prints each call and the response fields that matter as Markdown. Paste the output into
+docs/recovery.md.
 
     .venv/bin/python scripts/recovery_transcripts.py
 
@@ -14,22 +15,16 @@ that list tool names list theirs too.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agenttx._proto import agenttx_pb2 as pb
 from agenttx._proto import agenttx_pb2_grpc as pb_grpc
+from agenttx.testing import serve
 
 STATUS = {v: k.removeprefix("STEP_STATUS_") for k, v in pb.StepStatus.items()}
 STRATEGY = {v: k.removeprefix("ROLLBACK_STRATEGY_") for k, v in pb.RollbackStrategy.items()}
@@ -212,56 +207,26 @@ SCENARIOS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     root = pathlib.Path(tempfile.mkdtemp(prefix="agenttx-transcripts-"))
     sandbox = root / "sandbox"
-    address = f"127.0.0.1:{free_port()}"
-    log = open(root / "server.log", "wb")  # noqa: SIM115 (lives as long as the server)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agenttx", "serve", "--listen", address, "--data-dir",
-         str(root / "data"), "--fs-root", str(sandbox), "--grace-period-s", "2"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "AGENTTX_EXAMPLE_TICKETS_DIR": str(sandbox / "tickets")})
-    channel = grpc.insecure_channel(address)
     try:
-        health = health_pb2_grpc.HealthStub(channel)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    break
-            except grpc.RpcError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-            time.sleep(0.1)
-        stub = pb_grpc.AgentTxServiceStub(channel)
-        # committed data the scenarios start from
-        setup = Transcript(stub, sandbox)
-        setup.begin()
-        setup.step("kv.put", {"key": "customer-of-the-day", "value": "c-404"})
-        stub.CommitTransaction(pb.CommitTransactionRequest(transaction_id=setup.tx))
-        for title, scenario in SCENARIOS:
-            t = Transcript(stub, sandbox)
-            scenario(t)
-            print(f"### {title}\n\n```text")
-            print("\n".join(t.lines))
-            print("```\n")
+        with serve(fs_root=sandbox, workdir=root,
+                   env={"AGENTTX_EXAMPLE_TICKETS_DIR": str(sandbox / "tickets")}) as svc:
+            stub = svc.process.stub
+            # committed data the scenarios start from
+            setup = Transcript(stub, sandbox)
+            setup.begin()
+            setup.step("kv.put", {"key": "customer-of-the-day", "value": "c-404"})
+            stub.CommitTransaction(pb.CommitTransactionRequest(transaction_id=setup.tx))
+            for title, scenario in SCENARIOS:
+                t = Transcript(stub, sandbox)
+                scenario(t)
+                print(f"### {title}\n\n```text")
+                print("\n".join(t.lines))
+                print("```\n")
         return 0
     finally:
-        channel.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -1,21 +1,21 @@
 """Shared fixtures: a real etcd on loopback for every test that touches state.
 
-Data dirs go on /dev/shm when it exists (fast fsync); each session gets its own
-folder, removed afterwards. No in-memory store or mocked etcd anywhere.
+Data dirs go on /dev/shm when it exists (fast fsync; `agenttx.testing.scratch_dir`); each
+session gets its own folder, removed afterwards. No in-memory store or mocked etcd
+anywhere. Service processes come from the public harness, `agenttx.testing`.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from agenttx.store.embedded import EmbeddedEtcd
+from agenttx.testing import scratch_dir
 
 # Real loopback HTTP and SMTP receivers (fixtures `webhook`, `smtp`).
 pytest_plugins = ["support.receivers"]
@@ -27,14 +27,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "helm); AGENTTX_E2E=1 does the same")
 
 
-def scratch_root() -> pathlib.Path:
-    base = pathlib.Path("/dev/shm") if os.path.isdir("/dev/shm") else None
-    return pathlib.Path(tempfile.mkdtemp(prefix="agenttx-test-", dir=base))
-
-
 @pytest.fixture(scope="session")
 def scratch() -> Iterator[pathlib.Path]:
-    root = scratch_root()
+    root = scratch_dir("agenttx-test-")
     yield root
     shutil.rmtree(root, ignore_errors=True)
 

@@ -1,4 +1,4 @@
-"""`agenttx serve | operator | bench`.
+"""`agenttx serve | operator | bench | tx | mcp`.
 
 Flags mirror the settings in config.py one to one (`--etcd-endpoints` <->
 AGENTTX_ETCD_ENDPOINTS); a flag given on the command line wins over the environment.
@@ -80,6 +80,22 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _tx(argv: list[str]) -> int:
+    from .txcli import main as tx_main
+
+    return tx_main(argv)
+
+
+def _mcp(argv: list[str]) -> int:
+    from .mcp_server import main as mcp_main
+
+    return mcp_main(argv)
+
+
+# Subcommands with their own parsers: everything after the name is theirs.
+_DELEGATED = {"operator": _operator, "bench": _bench, "tx": _tx, "mcp": _mcp}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="agenttx", description="Transactions for AI agents' "
@@ -90,8 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("operator", help="run the AgentTxPolicy operator (flags: agenttx operator "
                    "--help)", add_help=False)
     sub.add_parser("bench", help="benchmark a running or embedded service", add_help=False)
-    if argv and argv[0] in ("operator", "bench"):
-        return _operator(argv[1:]) if argv[0] == "operator" else _bench(argv[1:])
+    sub.add_parser("tx", help="list, show and roll back open transactions (agenttx tx --help)",
+                   add_help=False)
+    sub.add_parser("mcp", help="serve AgentTx tools over MCP, stdio or streamable HTTP "
+                   "(agenttx mcp --help)", add_help=False)
+    if argv and argv[0] in _DELEGATED:
+        return _DELEGATED[argv[0]](argv[1:])
     ns = parser.parse_args(argv)
     return _serve(ns)
 

@@ -1,111 +1,21 @@
-"""Run real `agenttx serve` processes for tests (never an in-process fake)."""
+"""Run real `agenttx serve` processes for tests (never an in-process fake).
+
+`ServiceProcess` is the public harness, `agenttx.testing.ServiceProcess`; this module
+keeps the names the project's tests import and adds `Agent`, a raw-stub client used by
+the wire-level tests (the `agenttx.client` package has its own tests).
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from agenttx._proto import agenttx_pb2 as pb
 from agenttx._proto import agenttx_pb2_grpc as pb_grpc
-from agenttx.store.embedded import free_port
+from agenttx.testing import ServiceProcess
 
-
-class ServiceProcess:
-    """One replica as a child process, with its log captured to a file."""
-
-    def __init__(self, name: str, *, etcd_endpoints: list[str], prefix: str, fs_root: str,
-                 workdir: pathlib.Path, env: Mapping[str, str] | None = None,
-                 extra_args: list[str] | None = None) -> None:
-        self.name = name
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.workdir = workdir
-        self.log_path = workdir / f"{name}.log"
-        self.env = {**os.environ, "AGENTTX_LOG_FORMAT": "json", "AGENTTX_REPLICA_ID": name,
-                    **(env or {})}
-        self.args = [sys.executable, "-m", "agenttx", "serve", "--listen", self.address,
-                     "--etcd-endpoints", ",".join(etcd_endpoints), "--etcd-prefix", prefix,
-                     "--fs-root", fs_root, "--data-dir", str(workdir / f"{name}-data"),
-                     "--grace-period-s", "5", *(extra_args or [])]
-        self.process: subprocess.Popen[bytes] | None = None
-        self._channel: grpc.Channel | None = None
-
-    def start(self, timeout: float = 30.0) -> ServiceProcess:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as logf:
-            self.process = subprocess.Popen(self.args, stdout=logf, stderr=subprocess.STDOUT,
-                                            env=self.env, start_new_session=True)
-        self.wait_serving(timeout)
-        return self
-
-    def wait_serving(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            while True:
-                if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited ({self.process.returncode}):\n"
-                                       + self.log_path.read_text()[-3000:])
-                try:
-                    r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if r.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.name} not serving after {timeout}s")
-                time.sleep(0.1)
-
-    @property
-    def channel(self) -> grpc.Channel:
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(self.address, options=[
-                ("grpc.max_send_message_length", 8 * 1024 * 1024),
-                ("grpc.max_receive_message_length", 8 * 1024 * 1024)])
-        return self._channel
-
-    @property
-    def stub(self) -> pb_grpc.AgentTxServiceStub:
-        return pb_grpc.AgentTxServiceStub(self.channel)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
-        p = self.process
-        code: int | None = p.returncode if p else None
-        if p is not None and p.poll() is None:
-            p.send_signal(sig)
-            try:
-                code = p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                code = p.wait()
-        # Closed after the process is gone, so in-flight calls see what a client of a
-        # dead server sees (UNAVAILABLE), not a closed local channel.
-        if self._channel is not None and sig != signal.SIGKILL:
-            self._channel.close()
-            self._channel = None
-        return code
-
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
-
-    def logs(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
+__all__ = ["Agent", "ServiceProcess"]
 
 
 class Agent:

@@ -1,10 +1,11 @@
 """The example tools, installed and used through a real `agenttx serve`.
 
-One server process for the module, started the way a user would start it: no
---etcd-endpoints, so it runs its own embedded (real) etcd under --data-dir, and it loads
-this package's tools from the `agenttx.tools` entry-point group of the environment it
-runs in. Nothing is imported from the service's own test suite; the few helpers needed
-are below. Run after `pip install -e examples/agenttx-example-tools`.
+This is how a custom tool package is tested: `agenttx.testing` starts a real etcd and a
+real `agenttx serve` for the session (the pytest plugin below), the service loads this
+package's tools from the `agenttx.tools` entry-point group of the environment it runs in,
+and the tests drive it with the public client, `agenttx.client`, exactly like an agent.
+Nothing is imported from the service's own test suite. Run after
+`pip install -e examples/agenttx-example-tools`.
 """
 
 from __future__ import annotations
@@ -12,124 +13,41 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
+from agenttx.client import Client, StepResult, Strategy, Transaction
+from agenttx.testing import Service
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Fixtures `agenttx_service` (session) and `agenttx_client` (per test).
+pytest_plugins = ["agenttx.testing.pytest_plugin"]
 
 
-@dataclass
-class Server:
-    stub: pb_grpc.AgentTxServiceStub
-    tickets: pathlib.Path
-    log_path: pathlib.Path
-
-    def logs(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
+@pytest.fixture(scope="session")
+def tickets(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("tickets")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("agenttx-example")
-    address = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "AGENTTX_LOG_FORMAT": "json",
-           "AGENTTX_EXAMPLE_TICKETS_DIR": str(root / "tickets")}
-    log_path = root / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agenttx", "serve", "--listen", address,
-             "--data-dir", str(root / "data"), "--fs-root", str(root / "sandbox"),
-             "--grace-period-s", "2"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    channel = grpc.insecure_channel(address)
-    try:
-        health = health_pb2_grpc.HealthStub(channel)
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            try:
-                if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    break
-            except grpc.RpcError:
-                pass
-            assert time.monotonic() < deadline, "agenttx serve did not become ready"
-            time.sleep(0.1)
-        yield Server(pb_grpc.AgentTxServiceStub(channel), root / "tickets", log_path)
-    finally:
-        channel.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+@pytest.fixture(scope="session")
+def agenttx_service_options(tickets: pathlib.Path) -> dict[str, Any]:
+    """How the plugin starts the service: where ticket.create keeps its files."""
+    return {"env": {"AGENTTX_EXAMPLE_TICKETS_DIR": str(tickets)}}
 
 
-class Agent:
-    """Keeps the next step id, like a real agent would."""
-
-    def __init__(self, stub: pb_grpc.AgentTxServiceStub, **policy: Any) -> None:
-        self.stub = stub
-        req = pb.BeginTransactionRequest(agent_id="example-tools-test")
-        if policy:
-            req.policy.CopyFrom(pb.RollbackPolicy(**policy))
-        resp = stub.BeginTransaction(req)
-        self.tx, self.next = resp.transaction_id, resp.next_step_id
-
-    def step(self, tool: str, args: Any) -> pb.ExecuteStepResponse:
-        resp = self.stub.ExecuteStep(pb.ExecuteStepRequest(
-            transaction_id=self.tx, step_id=self.next, tool_name=tool,
-            arguments_json=json.dumps(args)))
-        self.next = resp.next_step_id
-        return resp
-
-    def ok(self, tool: str, args: Any) -> Any:
-        resp = self.step(tool, args)
-        assert resp.status == pb.STEP_STATUS_SUCCESS, (resp.error_category, resp.clean_hint)
-        return json.loads(resp.output_json)
-
-    def commit(self) -> pb.CommitTransactionResponse:
-        return self.stub.CommitTransaction(pb.CommitTransactionRequest(transaction_id=self.tx))
-
-    def rollback(self, to_step: int | None = None) -> pb.RollbackTransactionResponse:
-        req = pb.RollbackTransactionRequest(transaction_id=self.tx)
-        if to_step is not None:
-            req.to_step = to_step
-        resp = self.stub.RollbackTransaction(req)
-        self.next = resp.next_step_id
-        return resp
+def ok(tx: Transaction, tool: str, args: Any) -> Any:
+    r = tx.step(tool, args)
+    assert r.ok, (r.category, r.hint)
+    return r.output
 
 
-def failed(resp: pb.ExecuteStepResponse, category: str, *fragments: str) -> str:
-    assert resp.status != pb.STEP_STATUS_SUCCESS, resp.output_json
-    assert resp.error_category == category, (resp.error_category, resp.clean_hint)
+def failed(r: StepResult, category: str, *fragments: str) -> str:
+    assert not r.ok, r.output_json
+    assert r.category == category, (r.category, r.hint)
     for fragment in fragments:
-        assert fragment in resp.clean_hint, (fragment, resp.clean_hint)
-    return resp.clean_hint
+        assert fragment in r.hint, (fragment, r.hint)
+    return r.hint
 
 
 def uniq() -> str:
@@ -138,56 +56,61 @@ def uniq() -> str:
 
 # ---- the tools are loaded -------------------------------------------------------------------
 
-def test_the_plugin_tools_are_loaded_and_suggested_for_typos(server: Server) -> None:
-    loaded = {r.get("tool") for r in server.logs() if r.get("msg") == "loaded tool plug-in"}
+def test_the_plugin_tools_are_loaded_and_suggested_for_typos(agenttx_service: Service,
+                                                            agenttx_client: Client) -> None:
+    loaded = {r.get("tool") for r in agenttx_service.logs()
+              if r.get("msg") == "loaded tool plug-in"}
     assert {"ticket.create", "counter.add", "notify.team"} <= loaded
-    agent = Agent(server.stub)
-    failed(agent.step("ticket.creat", {"id": "x", "title": "t"}), "undefined_function",
-           '"ticket.create"')
+    with agenttx_client.transaction() as tx:
+        failed(tx.step("ticket.creat", {"id": "x", "title": "t"}), "undefined_function",
+               '"ticket.create"')
+        tx.rollback()
 
 
 # ---- ticket.create: SAGA ---------------------------------------------------------------------
 
-def test_ticket_create_writes_now_and_its_compensation_removes_the_file(server: Server) -> None:
+def test_ticket_create_writes_now_and_its_compensation_removes_the_file(
+        agenttx_client: Client, tickets: pathlib.Path) -> None:
     tid = f"T-{uniq()}"
-    ticket = server.tickets / f"{tid}.json"
-    agent = Agent(server.stub)
-    assert agent.ok("ticket.create", {"id": tid, "title": "printer on fire",
-                                      "priority": "high"}) == \
-        {"id": tid, "title": "printer on fire", "priority": "high"}
-    assert json.loads(ticket.read_text())["transaction_id"] == agent.tx  # visible at once
-    agent.ok("counter.add", {"key": f"tickets-{tid}"})
-    resp = agent.rollback(to_step=1)
-    assert (resp.rolled_back, resp.compensations_run, resp.next_step_id) == (True, 2, 1)
-    assert not ticket.exists()
-    # created again and committed: it stays
-    agent.ok("ticket.create", {"id": tid, "title": "printer still on fire"})
-    assert agent.commit().committed
+    ticket = tickets / f"{tid}.json"
+    with agenttx_client.transaction(agent_id="example-tools-test") as tx:
+        assert ok(tx, "ticket.create", {"id": tid, "title": "printer on fire",
+                                        "priority": "high"}) == \
+            {"id": tid, "title": "printer on fire", "priority": "high"}
+        assert json.loads(ticket.read_text())["transaction_id"] == tx.id  # visible at once
+        ok(tx, "counter.add", {"key": f"tickets-{tid}"})
+        r = tx.rollback(to_step=1)
+        assert (r.rolled_back, r.compensations_run, r.next_step_id) == (True, 2, 1)
+        assert not ticket.exists()
+        # created again; leaving the block commits it, and it stays
+        ok(tx, "ticket.create", {"id": tid, "title": "printer still on fire"})
     assert json.loads(ticket.read_text())["title"] == "printer still on fire"
 
 
-def test_an_automatic_rollback_compensates_the_ticket(server: Server) -> None:
+def test_an_automatic_rollback_compensates_the_ticket(agenttx_client: Client,
+                                                     tickets: pathlib.Path) -> None:
     tid = f"T-{uniq()}"
-    ticket = server.tickets / f"{tid}.json"
-    agent = Agent(server.stub, max_local_depth=0)
-    agent.ok("ticket.create", {"id": tid, "title": "t"})
-    resp = agent.step("kv.gett", {})  # no dependencies, depth 0: GLOBAL_RESET
-    assert resp.strategy == pb.ROLLBACK_STRATEGY_GLOBAL_RESET, resp
+    ticket = tickets / f"{tid}.json"
+    tx = agenttx_client.begin(policy={"max_local_depth": 0})
+    ok(tx, "ticket.create", {"id": tid, "title": "t"})
+    r = tx.step("kv.gett", {})  # no dependencies, depth 0: GLOBAL_RESET
+    assert r.strategy is Strategy.GLOBAL_RESET, r
     assert not ticket.exists()
+    tx.rollback()
 
 
-def test_a_duplicate_ticket_is_cleaned_exactly_like_the_builtin_duplicate(server: Server) -> None:
+def test_a_duplicate_ticket_is_cleaned_exactly_like_the_builtin_duplicate(
+        agenttx_client: Client) -> None:
     tid = f"T-{uniq()}"
-    custom = Agent(server.stub)
-    custom.ok("ticket.create", {"id": tid, "title": "first"})
+    custom, builtin = agenttx_client.begin(), agenttx_client.begin()
+    ok(custom, "ticket.create", {"id": tid, "title": "first"})
     mine = custom.step("ticket.create", {"id": tid, "title": "second"})
-    builtin = Agent(server.stub)
-    builtin.ok("record.insert", {"table": "tickets", "id": tid})
+    ok(builtin, "record.insert", {"table": "tickets", "id": tid})
     theirs = builtin.step("record.insert", {"table": "tickets", "id": tid})
     hint = failed(mine, "unique_violation", f'"{tid}"', '"tickets"')
-    assert (theirs.error_category, theirs.clean_hint) == (mine.error_category, hint)
-    assert list(mine.constraints) == [hint]
-    assert mine.strategy == theirs.strategy == pb.ROLLBACK_STRATEGY_LOCAL_BACKTRACK
+    assert (theirs.category, theirs.hint) == (mine.category, hint)
+    assert mine.constraints == (hint,)
+    assert mine.strategy == theirs.strategy == Strategy.LOCAL_BACKTRACK
     custom.rollback()
     builtin.rollback()
 
@@ -201,64 +124,71 @@ def test_a_duplicate_ticket_is_cleaned_exactly_like_the_builtin_duplicate(server
     ("ticket.create", {"id": "a", "title": "t", "owner": "me"}, ['"owner"', '"title"']),
     ("counter.add", {"key": "k", "amount": "5"}, ['"amount"', "integer"]),
 ])
-def test_argument_model_errors_read_like_the_builtins(server: Server, tool: str, args: Any,
-                                                      fragments: list[str]) -> None:
-    hint = failed(Agent(server.stub).step(tool, args), "invalid_parameter_value", *fragments)
+def test_argument_model_errors_read_like_the_builtins(agenttx_client: Client, tool: str,
+                                                      args: Any, fragments: list[str]) -> None:
+    with agenttx_client.transaction() as tx:
+        hint = failed(tx.step(tool, args), "invalid_parameter_value", *fragments)
+        tx.rollback()
     assert "\n" not in hint and len(hint) <= 200
 
 
 # ---- counter.add: JOURNAL --------------------------------------------------------------------
 
-def test_counter_add_buffers_its_writes_until_commit(server: Server) -> None:
+def test_counter_add_buffers_its_writes_until_commit(agenttx_client: Client) -> None:
     key = f"hits-{uniq()}"
-    agent = Agent(server.stub)
-    assert agent.ok("counter.add", {"key": key, "amount": 2})["value"] == 2
-    assert agent.ok("counter.add", {"key": key, "amount": 3}) == \
-        {"key": key, "value": 5, "previous": 2}
-    failed(Agent(server.stub).step("kv.get", {"key": key}), "no_data_found", key)  # isolation
-    assert agent.commit().committed
-    assert Agent(server.stub).ok("kv.get", {"key": key})["value"] == 5
+    with agenttx_client.transaction() as tx:
+        assert ok(tx, "counter.add", {"key": key, "amount": 2})["value"] == 2
+        assert ok(tx, "counter.add", {"key": key, "amount": 3}) == \
+            {"key": key, "value": 5, "previous": 2}
+        with agenttx_client.transaction() as other:  # isolation: not visible yet
+            failed(other.step("kv.get", {"key": key}), "no_data_found", key)
+            other.rollback()
+    with agenttx_client.transaction() as tx:
+        assert ok(tx, "kv.get", {"key": key})["value"] == 5
 
 
-def test_a_bad_counter_value_escalates_to_the_step_that_wrote_it(server: Server) -> None:
+def test_a_bad_counter_value_escalates_to_the_step_that_wrote_it(agenttx_client: Client) -> None:
     key = f"hits-{uniq()}"
-    agent = Agent(server.stub, max_local_depth=1)
-    agent.ok("kv.put", {"key": key, "value": "many"})
-    agent.ok("kv.put", {"key": f"other-{uniq()}", "value": 1})
-    first = agent.step("counter.add", {"key": key})
+    tx = agenttx_client.begin(policy={"max_local_depth": 1})
+    ok(tx, "kv.put", {"key": key, "value": "many"})
+    ok(tx, "kv.put", {"key": f"other-{uniq()}", "value": 1})
+    first = tx.step("counter.add", {"key": key})
     failed(first, "invalid_text_representation", '"many"', "integer")
-    assert first.strategy == pb.ROLLBACK_STRATEGY_LOCAL_BACKTRACK
-    again = agent.step("counter.add", {"key": key})
-    assert again.strategy == pb.ROLLBACK_STRATEGY_DEPENDENCY_JUMP
-    assert (again.rollback_to_step, again.next_step_id) == (1, 1)
+    assert first.strategy is Strategy.LOCAL_BACKTRACK
+    again = tx.step("counter.add", {"key": key})
+    assert again.strategy is Strategy.DEPENDENCY_JUMP
+    assert (again.rollback_to_step, again.next_step_id, tx.next_step_id) == (1, 1, 1)
+    tx.rollback()
 
 
 # ---- notify.team: EFFECT ---------------------------------------------------------------------
 
-def effect_logged(server: Server, message: str) -> bool:
+def effect_logged(service: Service, message: str) -> bool:
     return any(r.get("msg") == "effect" and (r.get("payload") or {}).get("message") == message
-               for r in server.logs())
+               for r in service.logs())
 
 
-def test_notify_team_is_sent_after_commit_and_never_after_rollback(server: Server) -> None:
+def test_notify_team_is_sent_after_commit_and_never_after_rollback(
+        agenttx_service: Service, agenttx_client: Client) -> None:
     dropped, sent = f"dropped {uniq()}", f"sent {uniq()}"
-    agent = Agent(server.stub)
-    out = agent.ok("notify.team", {"team": "oncall", "message": dropped})
-    assert out["staged"] is True and out["channel"] == "log" and out["idempotency_key"]
-    agent.rollback()
+    with agenttx_client.transaction() as tx:
+        out = ok(tx, "notify.team", {"team": "oncall", "message": dropped})
+        assert out["staged"] is True and out["channel"] == "log" and out["idempotency_key"]
+        tx.rollback()
 
-    agent = Agent(server.stub)
-    agent.ok("notify.team", {"team": "oncall", "message": sent})
-    resp = agent.commit()
-    assert (resp.committed, resp.effects_dispatched) == (True, 1), resp
+    with agenttx_client.transaction() as tx:
+        ok(tx, "notify.team", {"team": "oncall", "message": sent})
+        done = tx.commit()
+    assert (done.committed, done.effects_dispatched) == (True, 1), done
     deadline = time.monotonic() + 10
-    while not effect_logged(server, sent):
+    while not effect_logged(agenttx_service, sent):
         assert time.monotonic() < deadline, "the committed effect was not delivered"
         time.sleep(0.1)
-    assert not effect_logged(server, dropped)
+    assert not effect_logged(agenttx_service, dropped)
 
 
-def test_notify_team_on_an_unknown_channel_fails_the_step(server: Server) -> None:
-    resp = Agent(server.stub).step("notify.team", {"team": "oncall", "message": "m",
-                                                   "channel": "pager"})
-    failed(resp, "undefined_object", '"pager"', '"log"')
+def test_notify_team_on_an_unknown_channel_fails_the_step(agenttx_client: Client) -> None:
+    with agenttx_client.transaction() as tx:
+        r = tx.step("notify.team", {"team": "oncall", "message": "m", "channel": "pager"})
+        failed(r, "undefined_object", '"pager"', '"log"')
+        tx.rollback()

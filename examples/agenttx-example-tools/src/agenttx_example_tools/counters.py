@@ -27,6 +27,7 @@ class CounterArguments(ToolArguments):
 
 class AddToCounter(Tool):
     name = "counter.add"
+    description = "Add `amount` (default 1) to the integer counter kept under a kv key."
     fields = CounterArguments
     rollback = RollbackKind.JOURNAL
 

@@ -22,6 +22,7 @@ class NotifyArguments(ToolArguments):
 
 class NotifyTeam(Tool):
     name = "notify.team"
+    description = "Send a message to a team's channel once the transaction commits."
     fields = NotifyArguments
     rollback = RollbackKind.EFFECT
 

@@ -100,6 +100,9 @@ def _remove_if_ours(path: pathlib.Path, sha256: str) -> None:
 
 class CreateTicket(Tool):
     name = "ticket.create"
+    # Shown to models as the MCP tool's description (`agenttx mcp`); optional.
+    description = ("Open a support ticket (a JSON file visible to other systems at once); "
+                   "a duplicate id fails like a primary key.")
     fields = TicketArguments
     rollback = RollbackKind.SAGA
 
