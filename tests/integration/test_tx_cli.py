@@ -89,7 +89,12 @@ def test_show_prints_status_next_step_constraints_and_context(client, target, un
     failed = tx.step("kv.get", {"key": f"missing-{uniq}"})
     run = tx_cli("show", tx.id, "--target", target)
     assert (run.returncode, run.stderr) == (0, "")
-    assert run.stdout.splitlines() == [
+    lines = run.stdout.splitlines()
+    assert re.fullmatch(r"created        \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+s ago\)",
+                        lines.pop(6)), run.stdout
+    assert re.fullmatch(r"updated        \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+s ago\)",
+                        lines.pop(6)), run.stdout
+    assert lines == [
         f"transaction    {tx.id}",
         "status         ACTIVE",
         f"agent          show-{uniq}",

@@ -14,7 +14,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from pydantic import Field as PydanticField
 
-from agenttx.engine.refs import REF
+from agenttx.args.refs import REF
 from agenttx.tools.base import ToolArguments, ToolError, validate_arguments
 from agenttx.tools.registry import ToolRegistry
 from agenttx.tools.schema import REFERENCE_PATTERN, REFERENCE_SCHEMA, input_schema
