@@ -310,7 +310,9 @@ class Dispatcher:
         attempted = False
         depth, oldest = 0, 0.0
         recovering = time.monotonic() - self._etcd_error_at < self.recovery_grace_s
-        async for page in self.store.pages(outbox_prefix(self.prefix), what="outbox scan"):
+        # an entry carries its effect's payload (up to 1 MiB of arguments): small pages
+        async for page in self.store.pages(outbox_prefix(self.prefix), page_size=16,
+                                           what="outbox scan"):
             for kv in page:
                 if not self.lease.is_leader:
                     return attempted

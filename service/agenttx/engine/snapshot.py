@@ -30,6 +30,10 @@ from .state import (
 # A transaction with at most this many touched entries / staged effects is loaded whole
 # on a cache miss (in the same round trip), so the replica can serve it from cache next.
 WHOLE_LOAD_LIMIT = 64
+# etcd ranges are bounded by key count, not bytes, and a client refuses responses over
+# store.client.MAX_MESSAGE_BYTES (64 MiB): a step record can approach a step's byte
+# budget (engine.limits, 60 % of --max-request-bytes), so records are read 4 at a time.
+RECORDS_PAGE = 4
 
 
 def not_found(tx_id: str) -> NotFound:
@@ -138,7 +142,8 @@ class Loader:
         wanted = set(steps)
         out: list[StepRecord] = []
         async for page in self.store.pages(keys.steps_prefix(tx_id),
-                                           start=keys.step(tx_id, min(steps)), what="load"):
+                                           start=keys.step(tx_id, min(steps)),
+                                           page_size=RECORDS_PAGE, what="load"):
             for kv in page:
                 record = decode_step(kv.value)
                 if record.step_id in wanted:

@@ -21,6 +21,7 @@ from operator_kmock import (
     running_operator,
 )
 
+from agenttx.errors import StoreUnavailable
 from agenttx.store.client import Store
 from agenttx.store.embedded import EmbeddedEtcd, free_port
 from agenttx.store.layout import Keys
@@ -32,7 +33,10 @@ WARNING = "cannot refresh the service-account issuer keys"
 
 
 async def published_jwks(store: Store, prefix: str) -> tuple[dict[str, Any], int] | None:
-    kv = await store.get(Keys(prefix).auth_jwks())
+    try:
+        kv = await store.get(Keys(prefix).auth_jwks())
+    except StoreUnavailable:  # an etcd that just started may refuse the first call
+        return None
     return (json.loads(kv.value), kv.mod_revision) if kv else None
 
 
