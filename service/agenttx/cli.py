@@ -62,10 +62,23 @@ def _serve(ns: argparse.Namespace) -> int:
         return 2
     logs.setup(settings.log_format, settings.log_level)
     try:
-        return asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
+            return runner.run(serve(settings))
     except ValueError as exc:  # e.g. a malformed AGENTTX_EFFECT_CHANNELS entry
         print(f"agenttx serve: invalid settings: {exc}", file=sys.stderr)
         return 2
+
+
+def _loop_factory(name: str) -> Any:
+    """uvloop when asked for and installed (measured faster: docs/benchmarks.md),
+    else asyncio's own loop."""
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            return None
+        return uvloop.new_event_loop
+    return None
 
 
 def _operator(argv: list[str]) -> int:

@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     log_format: str = Field("json", description="json or text")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
     failpoints: str = Field("", description="test-only crash points, e.g. fs.write.after_intent=crash")
+    event_loop: str = Field("uvloop", description="asyncio event loop: uvloop (default, "
+                            "when installed) or asyncio")
 
     # ---- security (SPEC §9) -----------------------------------------------------------
     tls_cert_file: str | None = Field(None, description="serve TLS with this certificate "
