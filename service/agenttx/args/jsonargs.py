@@ -1,0 +1,493 @@
+"""Parse `arguments_json` the way serde_json would, with serde_json's messages, in linear time.
+
+Why: a malformed argument document is a failed step, not an RPC error, and its hint must
+name line and column. Python's json module has other wording and accepts things serde
+rejects (lone surrogates, NaN, numbers an f64 cannot hold, repeated keys, unbounded
+nesting), so we normalise both here.
+
+Every step's arguments (up to 1 MiB, SPEC §1) pass through this module on a replica that
+serves other transactions, so its cost must be linear in the document for ANY input, valid
+or not (SPEC §3): the happy path is CPython's C decoder, and every diagnostic (which
+literal, which key, which escape, how deep, line and column) is a scan with possessive
+regexes (Python >= 3.11) that neither backtracks nor restarts per position, or a C-level
+string method. Patterns that could restart per position (an unterminated string full of
+`\\"`, a 1e400 that also occurs inside strings) were what made the old parser quadratic.
+
+Diagnostics follow serde's order: the error reported is the first one in the document.
+
+Must never raise anything but ArgumentsError, never do I/O, and import nothing above it
+(engine, tools, store, grpc).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import json
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import accumulate, islice
+from typing import Any, cast
+
+__all__ = ["MAX_DEPTH", "ArgumentsError", "describe", "dumps", "json_depth", "parse_arguments"]
+
+# serde_json's default recursion limit (serde_json::de::Deserializer, remaining_depth: 128).
+# As before, a document may nest 128 levels; the 129th opener is refused.
+MAX_DEPTH = 128
+
+
+class ArgumentsError(Exception):
+    """A serde_json-style message such as `expected value at line 1 column 1`."""
+
+
+# ---- building blocks ---------------------------------------------------------------------
+# Possessive quantifiers (`*+`, `++`) make every pattern below deterministic: once a piece
+# has matched it is never re-tried with a shorter match, so a failed match costs what it
+# read, and a scan from the start of the text reads each character a bounded number of times.
+
+_WS = r"[ \t\n\r]*+"  # JSON whitespace
+_STR = r'"(?:[^"\\]++|\\.)*+"'  # a complete string
+_STR_TO_END = r'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)'  # a string, or the rest of the text if unterminated
+_STRING_TO_END = re.compile(_STR_TO_END, re.DOTALL)
+_NON_BRACKETS = re.compile(r'[^\[\]{}]++')
+_DELTA = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _balanced(levels: int) -> str:
+    """A complete `[...]`/`{...}` group nesting at most `levels` levels (strings are atoms)."""
+    group = r"[\[{](?:" + _STR + r'|[^"\[\]{}]++)*+[\]}]'
+    for _ in range(levels - 1):
+        group = r"[\[{](?:" + _STR + r'|[^"\[\]{}]++|' + group + r")*+[\]}]"
+    return group
+
+
+@dataclass(frozen=True)
+class _Patterns:
+    # The items of an array (or of the top level): strings, anything but brackets, and
+    # complete groups; it stops at a group that does not close within MAX_DEPTH levels.
+    skip: re.Pattern[str]
+    # The complete `"key": value` pairs of an object, and the separators between them.
+    pairs: re.Pattern[str]
+    # One `"key": value` pair, the key captured; the value, or the colon and the value, may
+    # be missing (the value is a group that stays open, or the decoder stopped there).
+    pair: re.Pattern[str]
+
+
+def _value(group: str) -> str:
+    return r"(?:" + _STR + r'|[^"\[\]{},: \t\n\r]++|' + group + r")"
+
+
+@functools.cache
+def _patterns() -> _Patterns:
+    """Compiled on first use (~15 ms each; most documents never need them)."""
+    group = _balanced(MAX_DEPTH)
+    return _Patterns(
+        skip=re.compile(r"(?:" + _STR + r'|[^"\[\]{}]++|' + group + r")*+", re.DOTALL),
+        pairs=re.compile(r"(?:[ \t\n\r,]*+" + _STR + _WS + ":" + _WS + _value(group) + r")*+"
+                         r"[ \t\n\r,]*+", re.DOTALL),
+        pair=re.compile(r"[ \t\n\r,]*+(" + _STR + r")(?:" + _WS + ":" + _WS + _value(group)
+                        + "?)?", re.DOTALL))
+
+
+@functools.lru_cache(maxsize=64)
+def _counted(item: str, filler: str, n: int) -> re.Pattern[str]:
+    return re.compile(r"(?:" + filler + item + r"){" + str(n) + "}" + filler, re.DOTALL)
+
+
+def _end(pattern: re.Pattern[str], text: str, pos: int = 0, endpos: int | None = None) -> int:
+    """Where a match of `pattern` (one that matches empty, like `(...)*+`) from `pos` ends."""
+    m = pattern.match(text, pos, len(text) if endpos is None else endpos)
+    assert m is not None, "the pattern matches the empty string"
+    return m.end()
+
+
+def _start_of_item(text: str, item: str, filler: str, n: int, start: int = 0) -> int:
+    """Index where the (n+1)-th `item` after `start` begins (items inside `filler` skipped)."""
+    return _end(_counted(item, filler, n), text, start)
+
+
+# ---- positions ---------------------------------------------------------------------------
+
+def _position(text: str, index: int) -> tuple[int, int]:
+    """serde's line and column of the character at `index` (1-based; columns count
+    characters, as Python's json does)."""
+    line = text.count("\n", 0, index) + 1
+    col = index - (text.rfind("\n", 0, index) + 1) + 1
+    return line, col
+
+
+def _at(what: str, text: str, index: int) -> str:
+    line, col = _position(text, index)
+    return f"{what} at line {line} column {col}"
+
+
+# ---- brackets ----------------------------------------------------------------------------
+
+def _brackets(text: str, start: int, end: int) -> str:
+    """The brackets of text[start:end] that are outside strings, in order."""
+    return _NON_BRACKETS.sub("", _STRING_TO_END.sub("", text[start:end]))
+
+
+def _first_over(brackets: str, limit: int) -> int | None:
+    """Index in `brackets` of the first opener that takes the depth above `limit`."""
+    depth, chunk = 0, 1 << 16
+    for off in range(0, len(brackets), chunk):
+        depths = list(accumulate(map(_DELTA.__getitem__, brackets[off:off + chunk]),
+                                 initial=depth))[1:]
+        if max(depths) > limit:
+            return off + depths.index(limit + 1)
+        depth = depths[-1]
+    return None
+
+
+def json_depth(text: str) -> int:
+    """How many levels a JSON text nests (0 for a scalar). Linear; C-level loops."""
+    if text.count("[") + text.count("{") == 0:
+        return 0
+    brackets = _brackets(text, 0, len(text))
+    return max(accumulate(map(_DELTA.__getitem__, brackets)), default=0)
+
+
+def _too_deep(text: str) -> int | None:
+    """Index of the first opener nesting deeper than MAX_DEPTH, outside strings, if any."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return None
+    skip, pos, end = _patterns().skip, 0, len(text)
+    while True:
+        pos = _end(skip, text, pos)  # complete top-level groups within the limit
+        if pos >= end or text[pos] == '"':  # the end, or an unterminated string to the end
+            return None
+        if text[pos] in "]}":  # a stray closer: a syntax error, reported by the decoder
+            pos += 1
+            continue
+        # This group is too deep, or never closes: find where it first exceeds the limit.
+        over = _first_over(_brackets(text, pos, end), MAX_DEPTH)
+        if over is None:
+            return None
+        return _start_of_item(text, r"[\[\]{}]", r'(?:[^"\[\]{}]++|' + _STR_TO_END + r")*+",
+                              over, pos)
+
+
+# ---- duplicate keys ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Open:
+    kind: str  # "[" or "{"
+    start: int  # just after the opener
+    end: int  # where its own items end: the opener of the open child, or the target
+
+
+_OPEN_KEY = re.compile(r"[ \t\n\r,]*+" + _STR + _WS + ":" + _WS, re.DOTALL)
+_SPACE = re.compile(_WS)
+
+
+def _open_groups(text: str, target: int) -> list[_Open]:
+    """The groups still open at `target` in text[:target] (a valid JSON prefix), outermost
+    first. Complete groups and complete pairs are skipped in C, so the Python loop runs
+    once per level."""
+    pats, found, pos, kind, start = _patterns(), [], 0, "", 0
+    while pos < target:
+        if kind == "{":
+            pos = _end(pats.pairs, text, pos, target)
+            key = _OPEN_KEY.match(text, pos, target)
+            if key is not None:
+                pos = key.end()
+        else:
+            pos = _end(pats.skip, text, pos, target)
+        pos = _end(_SPACE, text, pos, target)
+        if pos >= target or text[pos] not in "[{":
+            break  # the target, or where the decoder stopped
+        if kind:
+            found.append(_Open(kind, start, pos))
+        kind, start, pos = text[pos], pos + 1, pos + 1
+    if kind:
+        found.append(_Open(kind, start, target))
+    return found
+
+
+def _first_repeat(text: str, groups: list[_Open]) -> tuple[str, int] | None:
+    """The first key, in document order, that repeats a key of its own object among the
+    keys the open `groups` hold before their end: (key, index of its closing quote).
+    C-level: findall, one json.loads for escaped keys, set(); a Python loop only over the
+    keys of the one object that has the repeat."""
+    pair = _patterns().pair
+    for group in groups:  # outermost first: its keys all come before the next group's
+        if group.kind != "{":
+            continue
+        literals = pair.findall(text, group.start, group.end)
+        if len(set(literals)) == len(literals) and "\\" not in "".join(literals):
+            continue
+        keys = json.loads("[" + ",".join(literals) + "]")  # `"a"` and `"\u0061"` are one key
+        if len(set(keys)) == len(keys):
+            continue
+        seen: set[str] = set()
+        for index, key in enumerate(keys):
+            if key in seen:
+                m = next(islice(pair.finditer(text, group.start, group.end), index, None))
+                return key, m.end(1) - 1
+            seen.add(key)
+    return None
+
+
+# ---- decoding ----------------------------------------------------------------------------
+
+class _Stop(Exception):
+    """The decoder met a value serde refuses: a number out of f64 range, NaN or Infinity.
+    `index` is where the token starts (for ordering), `message` carries serde's position."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.message = message
+
+
+class _Watch:
+    """Hooks for the C decoder: notices repeated keys and numbers out of f64 range."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.closed = 0  # objects closed so far (the C decoder calls the hook at each `}`)
+        self.first_repeat: int | None = None  # ordinal (in closing order) of the first one
+        self.numbers = 0
+
+    def pairs(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        self.closed += 1
+        obj = dict(pairs)
+        if len(obj) != len(pairs) and self.first_repeat is None:
+            self.first_repeat = self.closed
+        return obj
+
+    def _out_of_range(self, literal: str) -> _Stop:
+        # The decoder calls the hooks in document order: this is the (numbers+1)-th number.
+        start = _start_of_item(self.text, _NUMBER, _NOT_NUMBER, self.numbers)
+        return _Stop(start, _at("number out of range", self.text, start + len(literal) - 1))
+
+    def parse_int(self, literal: str) -> int:
+        digits = len(literal) - literal.startswith("-")
+        # 10**309 > f64::MAX: serde cannot hold it (and int() would refuse > 4300 digits).
+        if digits > 309 or (digits == 309 and not math.isfinite(float(literal))):
+            raise self._out_of_range(literal)
+        self.numbers += 1
+        return int(literal)
+
+    def parse_float(self, literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):
+            raise self._out_of_range(literal)
+        self.numbers += 1
+        return value
+
+    def parse_constant(self, name: str) -> Any:
+        # NaN, Infinity, -Infinity: not JSON. The first one outside strings is this one.
+        start = _end(_BEFORE_CONSTANT, self.text)
+        raise _Stop(start, _at("expected value", self.text, start))
+
+
+_NUMBER = r"-?[0-9][0-9.eE+-]*+"
+_NOT_NUMBER = r'(?:[^"0-9-]++|' + _STR + r")*+"
+_BEFORE_CONSTANT = re.compile(r'(?:[^"NI-]++|' + _STR + r"|-(?!Infinity)|N(?!aN)|I(?!nfinity))*+",
+                              re.DOTALL)
+# An f64 overflows only if integer digits + exponent >= 309: with an exponent of 3+ digits
+# or a run of 209+ digits. Only then do numbers go through Python hooks (a hook per number
+# costs 3x the C decoder).
+_BIG_EXPONENT = re.compile(r"[eE]\+?0*+[1-9][0-9]{2}")
+_LONG_DIGITS = re.compile(r"[0-9]{209}")  # two searches: much faster than one alternation
+
+
+def _big_numbers(text: str) -> bool:
+    return _BIG_EXPONENT.search(text) is not None or _LONG_DIGITS.search(text) is not None
+# Escapes of UTF-16 surrogates that do not form a pair. Everything else, including valid
+# pairs and `\\` (so `\\ud800` is text), is skipped in one possessive pass; outside strings
+# a valid JSON prefix has no backslashes.
+_HIGH, _LOW = r"[dD][89abAB][0-9a-fA-F]{2}", r"[dD][c-fC-F][0-9a-fA-F]{2}"
+_GOOD_ESCAPES = re.compile(r"(?:[^\\]++|\\[^u]|\\u(?![dD][89a-fA-F])|\\u" + _HIGH + r"\\u" + _LOW
+                           + r")*+", re.DOTALL)
+_BAD_HIGH = re.compile(r"\\u" + _HIGH)
+_BAD_LOW = re.compile(r"\\u" + _LOW)
+
+
+def _first_bad_surrogate(text: str, limit: int) -> tuple[int, str] | None:
+    if "\\u" not in text:
+        return None
+    pos = _end(_GOOD_ESCAPES, text)
+    if pos >= limit:
+        return None
+    if _BAD_HIGH.match(text, pos):
+        return pos + 5, _at("lone leading surrogate in hex escape", text, pos + 5)
+    if _BAD_LOW.match(text, pos):
+        return pos + 5, _at("invalid unicode code point", text, pos + 5)
+    return None  # a lone backslash at the very end: the decoder's error
+
+
+def _serde_message(exc: json.JSONDecodeError, text: str, innermost: str) -> str:
+    msg, pos = exc.msg, exc.pos
+    line, col = exc.lineno, exc.colno
+    at_end = pos >= len(text.rstrip())
+
+    def eof(kind: str) -> str:
+        return f"EOF while parsing {kind} at line {line} column {max(col - 1, 0)}"
+
+    def trailing_comma() -> bool:  # serde: `[1,]` and `{"a":1,}` are "trailing comma"
+        return pos < len(text) and text[pos] in "]}" and text[:pos].rstrip(" \t\n\r").endswith(",")
+
+    if msg.startswith("Expecting value"):
+        if at_end:
+            return eof("a value")
+        if trailing_comma():
+            return f"trailing comma at line {line} column {col}"
+        return f"expected value at line {line} column {col}"
+    if msg.startswith("Expecting property name"):
+        if at_end:
+            return eof("an object")
+        if trailing_comma():
+            return f"trailing comma at line {line} column {col}"
+        return f"key must be a string at line {line} column {col}"
+    if msg.startswith("Expecting ':'"):
+        if at_end:
+            return eof("an object")
+        return f"expected `:` at line {line} column {col}"
+    if msg.startswith("Expecting ',' delimiter"):
+        kind, close = ("an object", "}") if innermost == "{" else ("a list", "]")
+        if at_end:
+            return eof(kind)
+        return f"expected `,` or `{close}` at line {line} column {col}"
+    if msg.startswith("Extra data"):
+        return f"trailing characters at line {line} column {col}"
+    if msg.startswith("Unterminated string"):
+        eline, ecol = _position(text, len(text))
+        return f"EOF while parsing a string at line {eline} column {max(ecol - 1, 0)}"
+    if msg.startswith("Invalid control character"):
+        return f"control character (\\u0000-\\u001F) found while parsing a string at line {line} column {col}"
+    if msg.startswith(("Invalid \\uXXXX escape", "Invalid \\escape")):
+        return f"invalid escape at line {line} column {col}"
+    if msg.startswith("Unexpected UTF-8 BOM"):  # serde: a BOM is not whitespace
+        return f"expected value at line {line} column {col}"
+    if msg.startswith("Illegal trailing comma"):  # Python >= 3.13
+        return f"trailing comma at line {line} column {col}"
+    return f"{msg[0].lower() + msg[1:]} at line {line} column {col}"
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Pause the cyclic GC while the C decoder builds containers: every 700 new containers
+    would start a collection (and the older generations now and then), which makes a
+    document of 500k small lists 3x slower to decode. It only delays collection; the GC is
+    restarted unless it was already off (another parse in another thread restores it
+    when it ends; the worst case is a parse that runs with the GC on, as before)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _decode(text: str, body: str, big_numbers: bool) -> tuple[Any, _Watch, Exception | None]:
+    """Run the C decoder on `body` (a prefix of `text`): the value, the hooks' notes, and
+    the decoder's error (JSONDecodeError or _Stop) if any."""
+    watch = _Watch(text)
+    hooks: dict[str, Any] = {"object_pairs_hook": watch.pairs, "parse_constant": watch.parse_constant}
+    if big_numbers:
+        hooks.update(parse_int=watch.parse_int, parse_float=watch.parse_float)
+    try:
+        with _no_gc():
+            return json.loads(body, **hooks), watch, None
+    except (json.JSONDecodeError, _Stop) as exc:
+        return None, watch, exc
+    except ValueError:  # an integer beyond int()'s digit limit the gate did not foresee
+        if big_numbers:
+            raise
+        return _decode(text, body, True)
+
+
+def parse_arguments(text: str) -> dict[str, Any]:
+    """Parse a JSON object. An empty document means `{}` (proto3 cannot tell unset)."""
+    if text.strip() == "":
+        return {}
+    try:
+        value = _parse(text)
+    except RecursionError:  # cannot happen below MAX_DEPTH; kept as a guard
+        raise ArgumentsError("recursion limit exceeded at line 1 column 1") from None
+    if not isinstance(value, dict):
+        raise ArgumentsError(f"invalid type: {describe(value)}, expected a map")
+    return value
+
+
+def _parse(text: str) -> Any:
+    deep = _too_deep(text)
+    body = text if deep is None else text[:deep]
+    value, watch, error = _decode(text, body, _big_numbers(body))
+    candidates: list[tuple[int, str]] = []  # (index for serde's order, message)
+    limit = len(text)  # escapes before this index are checked for lone surrogates
+    if isinstance(error, _Stop):
+        limit = error.index
+        candidates.append((error.index, error.message))
+    elif isinstance(error, json.JSONDecodeError):
+        # serde reads the escapes of an unterminated string up to the end
+        limit = len(text) if error.msg.startswith("Unterminated string") else error.pos
+    if error is not None:  # the groups still open where the decoder stopped
+        stop = error.index if isinstance(error, _Stop) else cast(json.JSONDecodeError, error).pos
+        groups = _open_groups(text, min(stop, len(body)))
+        repeat = _first_repeat(text, groups)  # ...may hold a repeated key
+        if repeat is not None:
+            candidates.append(_duplicate(text, repeat))
+        if isinstance(error, json.JSONDecodeError):
+            innermost = groups[-1].kind if groups else "{"
+            candidates.append((limit, _decoder_message(error, text, deep, innermost)))
+    if watch.first_repeat is not None:  # the first object the decoder closed had one
+        close = _start_of_item(text, r"\}", r'(?:[^"}]++|' + _STR + r")*+", watch.first_repeat - 1)
+        repeat = _first_repeat(text, _open_groups(text, close))
+        if repeat is not None:
+            candidates.append(_duplicate(text, repeat))
+    bad = _first_bad_surrogate(text, limit)
+    if bad is not None:
+        candidates.append(bad)
+    if candidates:
+        raise ArgumentsError(min(candidates)[1])
+    return value
+
+
+def _decoder_message(exc: json.JSONDecodeError, text: str, deep: int | None,
+                     innermost: str) -> str:
+    message = _serde_message(exc, text, innermost)
+    if deep is not None and exc.pos >= deep and message.startswith("expected value"):
+        # the too-deep opener sits where a value may start: serde stops there
+        message = _at("recursion limit exceeded", text, deep)
+    return message
+
+
+_UNPRINTABLE_KEY = re.compile(r"[\x00-\x1f\x7f`\x85\u2028\u2029]")
+
+
+def _duplicate(text: str, repeat: tuple[str, int]) -> tuple[int, str]:
+    key, quote = repeat  # serde reports it at the key's closing quote
+    if _UNPRINTABLE_KEY.search(key):  # keep the message one line with one `...` pair
+        key = json.dumps(key, ensure_ascii=False)[1:-1].replace("`", "\\u0060")
+    return quote, _at(f"duplicate field `{key}`", text, quote)
+
+
+def describe(value: Any) -> str:
+    """serde's `Unexpected` wording for a JSON value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean `{'true' if value else 'false'}`"
+    if isinstance(value, int):
+        return f"integer `{value}`"
+    if isinstance(value, float):
+        return f"floating point `{value!r}`"
+    if isinstance(value, str):
+        return f"string {json.dumps(value, ensure_ascii=False)}"
+    if isinstance(value, list):
+        return "sequence"
+    return "map"
+
+
+def dumps(value: Any) -> str:
+    """Canonical JSON for outputs: compact, UTF-8, no NaN."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
