@@ -7,5 +7,19 @@ never do I/O. Everything here is linear in the size of its input (SPEC §3).
 """
 
 from .jsonargs import MAX_DEPTH, ArgumentsError, describe, dumps, json_depth, parse_arguments
+from .refs import (
+    MAX_EXPANSION,
+    Reference,
+    ReferenceError_,
+    Resolution,
+    find_references,
+    has_reference,
+    offending_step,
+    resolve,
+)
 
-__all__ = ["MAX_DEPTH", "ArgumentsError", "describe", "dumps", "json_depth", "parse_arguments"]
+__all__ = [
+    "MAX_DEPTH", "MAX_EXPANSION", "ArgumentsError", "Reference", "ReferenceError_", "Resolution",
+    "describe", "dumps", "find_references", "has_reference", "json_depth", "offending_step",
+    "parse_arguments", "resolve",
+]
