@@ -255,6 +255,12 @@ HOSTILE: list[tuple[str, str, str | None]] = [
     ("small-objects-syntax-error-at-the-end", fill('{"a":0},', '{"v":[', '{"a":0 "b"]}'),
      "expected `,` or `}` at line 1 column 1048566"),
     ("unterminated-references", json.dumps({"v": fill("${steps.1.a", size=MIB - 20)}), None),
+    ("stray-closers", fill("]", "{}" * 129), "trailing characters at line 1 column 3"),
+    ("127-open-levels-then-an-error", fill('"k",', '{"a":' + "[" * 127, "x"),
+     f"expected value at line 1 column {MIB - (MIB - 133) % 4}"),
+    ("122-open-objects-then-a-repeat", fill('"k":0,', '{"a":' + '{"b":' * 120 + "{", "x"),
+     "duplicate field `k` at line 1 column 615"),
+    ("208-digit-runs", fill("9" * 208 + ",", '{"v":[', "1]}"), None),
     ("flat-object", json.dumps({f"k{i}": i for i in range(100_000)}), None),
 ]
 

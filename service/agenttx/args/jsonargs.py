@@ -66,13 +66,12 @@ def _balanced(levels: int) -> str:
 
 @dataclass(frozen=True)
 class _Patterns:
-    # The items of an array (or of the top level): strings, anything but brackets, and
-    # complete groups; it stops at a group that does not close within MAX_DEPTH levels.
+    # The items of the top level: strings, anything but brackets, and complete groups; it
+    # stops at a group that does not close within MAX_DEPTH levels.
     skip: re.Pattern[str]
-    # The complete `"key": value` pairs of an object, and the separators between them.
-    pairs: re.Pattern[str]
-    # One `"key": value` pair, the key captured; the value, or the colon and the value, may
-    # be missing (the value is a group that stays open, or the decoder stopped there).
+    # One `"key": value` pair of an object, the key captured. The value, or the colon and
+    # the value, may be missing (the decoder stopped there), and a string the end cuts
+    # short matches without a key: so a scan never restarts inside a string.
     pair: re.Pattern[str]
 
 
@@ -86,10 +85,8 @@ def _patterns() -> _Patterns:
     group = _balanced(MAX_DEPTH)
     return _Patterns(
         skip=re.compile(r"(?:" + _STR + r'|[^"\[\]{}]++|' + group + r")*+", re.DOTALL),
-        pairs=re.compile(r"(?:[ \t\n\r,]*+" + _STR + _WS + ":" + _WS + _value(group) + r")*+"
-                         r"[ \t\n\r,]*+", re.DOTALL),
-        pair=re.compile(r"[ \t\n\r,]*+(" + _STR + r")(?:" + _WS + ":" + _WS + _value(group)
-                        + "?)?", re.DOTALL))
+        pair=re.compile(r"[ \t\n\r,]*+(?:(" + _STR + r")(?:" + _WS + ":" + _WS + _value(group)
+                        + r'?)?|"(?:[^"\\]++|\\.)*+\\?\Z)', re.DOTALL))
 
 
 @functools.lru_cache(maxsize=64)
@@ -160,9 +157,8 @@ def _too_deep(text: str) -> int | None:
         pos = _end(skip, text, pos)  # complete top-level groups within the limit
         if pos >= end or text[pos] == '"':  # the end, or an unterminated string to the end
             return None
-        if text[pos] in "]}":  # a stray closer: a syntax error, reported by the decoder
-            pos += 1
-            continue
+        if text[pos] in "]}":  # a stray closer: the decoder stops at it or before
+            return None
         # This group is too deep, or never closes: find where it first exceeds the limit.
         over = _first_over(_brackets(text, pos, end), MAX_DEPTH)
         if over is None:
@@ -180,55 +176,65 @@ class _Open:
     end: int  # where its own items end: the opener of the open child, or the target
 
 
-_OPEN_KEY = re.compile(r"[ \t\n\r,]*+" + _STR + _WS + ":" + _WS, re.DOTALL)
-_SPACE = re.compile(_WS)
+_BRACKET, _NOT_BRACKET = r"[\[\]{}]", r'(?:[^"\[\]{}]++|' + _STR_TO_END + r")*+"
 
 
 def _open_groups(text: str, target: int) -> list[_Open]:
-    """The groups still open at `target` in text[:target] (a valid JSON prefix), outermost
-    first. Complete groups and complete pairs are skipped in C, so the Python loop runs
-    once per level."""
-    pats, found, pos, kind, start = _patterns(), [], 0, "", 0
-    while pos < target:
-        if kind == "{":
-            pos = _end(pats.pairs, text, pos, target)
-            key = _OPEN_KEY.match(text, pos, target)
-            if key is not None:
-                pos = key.end()
-        else:
-            pos = _end(pats.skip, text, pos, target)
-        pos = _end(_SPACE, text, pos, target)
-        if pos >= target or text[pos] not in "[{":
-            break  # the target, or where the decoder stopped
-        if kind:
-            found.append(_Open(kind, start, pos))
-        kind, start, pos = text[pos], pos + 1, pos + 1
-    if kind:
-        found.append(_Open(kind, start, target))
-    return found
+    """The groups still open at `target`, outermost first, from the depth profile of the
+    brackets before it (C-level: two substitutions, an accumulate, list.index); their
+    positions in the text come from one counted scan per level, each starting where the
+    previous one stopped. Linear however deep the groups and wherever `target` is."""
+    brackets = _brackets(text, 0, target)
+    depths = list(accumulate(map(_DELTA.__getitem__, brackets)))
+    if not depths or depths[-1] <= 0 or min(depths) < 0:
+        return []
+    # The opener of level d+1 still open at the end follows the last bracket that left
+    # the depth at d; searching the reversed profile finds those, innermost first.
+    backwards, at = depths[::-1], 0
+    openers: list[int] = []
+    for level in range(depths[-1] - 1, -1, -1):
+        try:
+            at = backwards.index(level, at)
+        except ValueError:  # level 0 before the first bracket
+            openers.append(0)
+            break
+        openers.append(len(depths) - at)
+    openers.reverse()
+    starts: list[int] = []
+    pos, prev = 0, -1
+    for index in openers:
+        pos = _start_of_item(text, _BRACKET, _NOT_BRACKET, index - prev - 1, pos) + 1
+        starts.append(pos)
+        prev = index
+    ends = [start - 1 for start in starts[1:]] + [target]
+    return [_Open(brackets[index], start, end)
+            for index, start, end in zip(openers, starts, ends, strict=True)]
 
 
 def _first_repeat(text: str, groups: list[_Open]) -> tuple[str, int] | None:
     """The first key, in document order, that repeats a key of its own object among the
     keys the open `groups` hold before their end: (key, index of its closing quote).
-    C-level: findall, one json.loads for escaped keys, set(); a Python loop only over the
-    keys of the one object that has the repeat."""
+    Keys are read in chunks that double in size (so a repeat near the start costs little)
+    and compared with C-level set operations; a Python loop runs only over the one chunk
+    that holds the repeat."""
     pair = _patterns().pair
     for group in groups:  # outermost first: its keys all come before the next group's
         if group.kind != "{":
             continue
-        literals = pair.findall(text, group.start, group.end)
-        if len(set(literals)) == len(literals) and "\\" not in "".join(literals):
-            continue
-        keys = json.loads("[" + ",".join(literals) + "]")  # `"a"` and `"\u0061"` are one key
-        if len(set(keys)) == len(keys):
-            continue
+        pairs, size = pair.finditer(text, group.start, group.end), 8
         seen: set[str] = set()
-        for index, key in enumerate(keys):
-            if key in seen:
-                m = next(islice(pair.finditer(text, group.start, group.end), index, None))
-                return key, m.end(1) - 1
-            seen.add(key)
+        while chunk := list(islice(pairs, size)):
+            # one decode for the chunk: `"a"` and `"\u0061"` are the same key
+            chunk = [m for m in chunk if m.group(1) is not None]  # not a cut-short string
+            keys = json.loads("[" + ",".join(m.group(1) for m in chunk) + "]")
+            if len(set(keys)) == len(keys) and seen.isdisjoint(keys):
+                seen.update(keys)
+                size = min(size * 2, 1 << 16)
+                continue
+            for m, key in zip(chunk, keys, strict=True):
+                if key in seen:
+                    return key, m.end(1) - 1
+                seen.add(key)
     return None
 
 
@@ -293,8 +299,8 @@ _BEFORE_CONSTANT = re.compile(r'(?:[^"NI-]++|' + _STR + r"|-(?!Infinity)|N(?!aN)
 # An f64 overflows only if integer digits + exponent >= 309: with an exponent of 3+ digits
 # or a run of 209+ digits. Only then do numbers go through Python hooks (a hook per number
 # costs 3x the C decoder).
-_BIG_EXPONENT = re.compile(r"[eE]\+?0*+[1-9][0-9]{2}")
-_LONG_DIGITS = re.compile(r"[0-9]{209}")  # two searches: much faster than one alternation
+_BIG_EXPONENT = re.compile(r"[eE]\+?0*+[1-9][0-9]{2}")  # two searches beat one alternation
+_LONG_DIGITS = re.compile(r"(?<![0-9])[0-9]{209}")  # tried once per run of digits
 
 
 def _big_numbers(text: str) -> bool:
