@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import json
 import pathlib
+import random
+import re
 
 import pytest
 
@@ -278,6 +280,45 @@ def test_a_hostile_mebibyte_parses_or_fails_cleanly(text: str, message: str | No
 def test_a_repeated_key_after_100k_keys_is_found() -> None:
     text = json.dumps({f"k{i}": i for i in range(100_000)})[:-1] + ', "k0": 1}'
     assert error(text) == f"duplicate field `k0` at line 1 column {len(text) - 4}"
+
+
+# ---- any input: a value or an ArgumentsError, never anything else -------------------------
+
+ATOMS = ["0", "-1", "1.5", "1e5", "1e400", '"a"', '"\\ud800"', '"\\udc00"', '"\\ud83d\\ude00"',
+         '"\\\\"', '"\\""', "true", "null", "NaN", '"[{"', '"${steps.1}"']
+KEYS = ['"a"', '"b"', '"\\u0061"']
+
+
+def random_document(rnd: random.Random, depth: int = 0) -> str:
+    roll = rnd.random()
+    if depth > 3 or roll < 0.4:
+        return rnd.choice(ATOMS)
+    if roll < 0.7:
+        return "[" + ",".join(random_document(rnd, depth + 1) for _ in range(rnd.randint(0, 3))) + "]"
+    keys = [rnd.choice(KEYS) for _ in range(rnd.randint(0, 3))]
+    return "{" + ",".join(f"{k}:{random_document(rnd, depth + 1)}" for k in keys) + "}"
+
+
+def mutated(rnd: random.Random, text: str) -> str:
+    for _ in range(rnd.randint(0, 2)):
+        i, c = rnd.randint(0, len(text)), rnd.choice(["", "[", "]", "{", "}", ",", ":", '"', "\\", " "])
+        text = text[:i] + c + text[i + (rnd.random() < 0.5):]
+    return text
+
+
+def test_random_documents_parse_or_fail_with_a_positioned_message() -> None:
+    rnd = random.Random(9)
+    for _ in range(3000):
+        text = mutated(rnd, '{"k":' + random_document(rnd) + "}")
+        try:
+            value = parse_arguments(text)
+        except ArgumentsError as exc:
+            message = str(exc)
+            assert re.fullmatch(r"[^\n]+ at line [0-9]+ column [0-9]+|invalid type: .*", message), message
+            continue
+        # accepted: exactly what Python reads, and storable (finite numbers, valid UTF-8)
+        assert value == json.loads(text)
+        dumps(value).encode("utf-8")
 
 
 # ---- helpers kept from the engine's module ------------------------------------------------

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import accumulate, islice
-from typing import Any, cast
+from typing import Any
 
 __all__ = ["MAX_DEPTH", "ArgumentsError", "describe", "dumps", "json_depth", "parse_arguments"]
 
@@ -123,48 +123,53 @@ def _at(what: str, text: str, index: int) -> str:
 
 # ---- brackets ----------------------------------------------------------------------------
 
+_BRACKET, _NOT_BRACKET = r"[\[\]{}]", r'(?:[^"\[\]{}]++|' + _STR_TO_END + r")*+"
+
+
 def _brackets(text: str, start: int, end: int) -> str:
     """The brackets of text[start:end] that are outside strings, in order."""
     return _NON_BRACKETS.sub("", _STRING_TO_END.sub("", text[start:end]))
 
 
-def _first_over(brackets: str, limit: int) -> int | None:
-    """Index in `brackets` of the first opener that takes the depth above `limit`."""
-    depth, chunk = 0, 1 << 16
-    for off in range(0, len(brackets), chunk):
-        depths = list(accumulate(map(_DELTA.__getitem__, brackets[off:off + chunk]),
-                                 initial=depth))[1:]
-        if max(depths) > limit:
-            return off + depths.index(limit + 1)
-        depth = depths[-1]
-    return None
+class _Profile:
+    """The depth after each bracket outside strings in text[start:end]. C-level (two
+    substitutions and an accumulate); built at most once per document on an error path."""
+
+    def __init__(self, text: str, start: int, end: int) -> None:
+        self.text, self.start = text, start
+        self.brackets = _brackets(text, start, end)
+        self.depths = list(accumulate(map(_DELTA.__getitem__, self.brackets)))
+
+    def first_over(self, limit: int) -> int | None:
+        """Index in the text of the first opener that takes the depth above `limit`."""
+        if not self.depths or max(self.depths) <= limit:
+            return None
+        return self.position(self.depths.index(limit + 1))
+
+    def position(self, index: int, after: int = -1, pos: int | None = None) -> int:
+        """Index in the text of bracket `index`; when the earlier bracket `after` is known
+        to sit at `pos`, the scan starts there."""
+        start = self.start if pos is None else pos + 1
+        return _start_of_item(self.text, _BRACKET, _NOT_BRACKET, index - after - 1, start)
 
 
 def json_depth(text: str) -> int:
     """How many levels a JSON text nests (0 for a scalar). Linear; C-level loops."""
     if text.count("[") + text.count("{") == 0:
         return 0
-    brackets = _brackets(text, 0, len(text))
-    return max(accumulate(map(_DELTA.__getitem__, brackets)), default=0)
+    return max(_Profile(text, 0, len(text)).depths, default=0)
 
 
 def _too_deep(text: str) -> int | None:
-    """Index of the first opener nesting deeper than MAX_DEPTH, outside strings, if any."""
+    """Index of the first opener of a valid JSON text that nests deeper than MAX_DEPTH.
+    The happy path is one C-level match (complete groups within the limit); only when it
+    stops early is a profile built."""
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return None
-    skip, pos, end = _patterns().skip, 0, len(text)
-    while True:
-        pos = _end(skip, text, pos)  # complete top-level groups within the limit
-        if pos >= end or text[pos] == '"':  # the end, or an unterminated string to the end
-            return None
-        if text[pos] in "]}":  # a stray closer: the decoder stops at it or before
-            return None
-        # This group is too deep, or never closes: find where it first exceeds the limit.
-        over = _first_over(_brackets(text, pos, end), MAX_DEPTH)
-        if over is None:
-            return None
-        return _start_of_item(text, r"[\[\]{}]", r'(?:[^"\[\]{}]++|' + _STR_TO_END + r")*+",
-                              over, pos)
+    pos = _end(_patterns().skip, text)
+    if pos >= len(text) or text[pos] not in "[{":
+        return None
+    return _Profile(text, pos, len(text)).first_over(MAX_DEPTH)
 
 
 # ---- duplicate keys ----------------------------------------------------------------------
@@ -176,20 +181,15 @@ class _Open:
     end: int  # where its own items end: the opener of the open child, or the target
 
 
-_BRACKET, _NOT_BRACKET = r"[\[\]{}]", r'(?:[^"\[\]{}]++|' + _STR_TO_END + r")*+"
-
-
-def _open_groups(text: str, target: int) -> list[_Open]:
-    """The groups still open at `target`, outermost first, from the depth profile of the
-    brackets before it (C-level: two substitutions, an accumulate, list.index); their
-    positions in the text come from one counted scan per level, each starting where the
-    previous one stopped. Linear however deep the groups and wherever `target` is."""
-    brackets = _brackets(text, 0, target)
-    depths = list(accumulate(map(_DELTA.__getitem__, brackets)))
+def _open_groups(profile: _Profile, target: int) -> list[_Open]:
+    """The groups still open at `target`, the end of `profile` (which starts at 0),
+    outermost first. The opener of level d+1 follows the last bracket that left the depth
+    at d: list.index on the reversed profile finds them all in one pass. Their positions
+    come from one counted scan per level, each starting where the previous one stopped.
+    Linear however deep the groups and wherever `target` is."""
+    depths = profile.depths
     if not depths or depths[-1] <= 0 or min(depths) < 0:
         return []
-    # The opener of level d+1 still open at the end follows the last bracket that left
-    # the depth at d; searching the reversed profile finds those, innermost first.
     backwards, at = depths[::-1], 0
     openers: list[int] = []
     for level in range(depths[-1] - 1, -1, -1):
@@ -201,13 +201,14 @@ def _open_groups(text: str, target: int) -> list[_Open]:
         openers.append(len(depths) - at)
     openers.reverse()
     starts: list[int] = []
-    pos, prev = 0, -1
+    pos: int | None = None
+    prev = -1
     for index in openers:
-        pos = _start_of_item(text, _BRACKET, _NOT_BRACKET, index - prev - 1, pos) + 1
-        starts.append(pos)
+        pos = profile.position(index, prev, pos)
+        starts.append(pos + 1)
         prev = index
     ends = [start - 1 for start in starts[1:]] + [target]
-    return [_Open(brackets[index], start, end)
+    return [_Open(profile.brackets[index], start, end)
             for index, start, end in zip(openers, starts, ends, strict=True)]
 
 
@@ -393,78 +394,76 @@ def _no_gc() -> Iterator[None]:
         gc.enable()
 
 
-def _decode(text: str, body: str, big_numbers: bool) -> tuple[Any, _Watch, Exception | None]:
-    """Run the C decoder on `body` (a prefix of `text`): the value, the hooks' notes, and
-    the decoder's error (JSONDecodeError or _Stop) if any."""
+def _decode(text: str, big_numbers: bool) -> tuple[Any, _Watch, Exception | None]:
+    """Run the C decoder: the value, the hooks' notes, and the decoder's error
+    (JSONDecodeError, _Stop, or RecursionError for nesting beyond what CPython allows)."""
     watch = _Watch(text)
     hooks: dict[str, Any] = {"object_pairs_hook": watch.pairs, "parse_constant": watch.parse_constant}
     if big_numbers:
         hooks.update(parse_int=watch.parse_int, parse_float=watch.parse_float)
     try:
         with _no_gc():
-            return json.loads(body, **hooks), watch, None
-    except (json.JSONDecodeError, _Stop) as exc:
+            return json.loads(text, **hooks), watch, None
+    except (json.JSONDecodeError, _Stop, RecursionError) as exc:
         return None, watch, exc
     except ValueError:  # an integer beyond int()'s digit limit the gate did not foresee
         if big_numbers:
             raise
-        return _decode(text, body, True)
+        return _decode(text, True)
 
 
 def parse_arguments(text: str) -> dict[str, Any]:
     """Parse a JSON object. An empty document means `{}` (proto3 cannot tell unset)."""
     if text.strip() == "":
         return {}
-    try:
-        value = _parse(text)
-    except RecursionError:  # cannot happen below MAX_DEPTH; kept as a guard
-        raise ArgumentsError("recursion limit exceeded at line 1 column 1") from None
+    value = _parse(text)
     if not isinstance(value, dict):
         raise ArgumentsError(f"invalid type: {describe(value)}, expected a map")
     return value
 
 
 def _parse(text: str) -> Any:
-    deep = _too_deep(text)
-    body = text if deep is None else text[:deep]
-    value, watch, error = _decode(text, body, _big_numbers(body))
+    """Decode, then report the first error in the document: the decoder's (syntax, NaN,
+    a number out of range), nesting beyond MAX_DEPTH, a repeated key, a lone surrogate."""
+    value, watch, error = _decode(text, _big_numbers(text))
     candidates: list[tuple[int, str]] = []  # (index for serde's order, message)
     limit = len(text)  # escapes before this index are checked for lone surrogates
+    stop: int | None = None  # where the decoder stopped: text[:stop] is a valid prefix
     if isinstance(error, _Stop):
-        limit = error.index
+        stop = limit = error.index
         candidates.append((error.index, error.message))
     elif isinstance(error, json.JSONDecodeError):
+        stop = error.pos
         # serde reads the escapes of an unterminated string up to the end
         limit = len(text) if error.msg.startswith("Unterminated string") else error.pos
-    if error is not None:  # the groups still open where the decoder stopped
-        stop = error.index if isinstance(error, _Stop) else cast(json.JSONDecodeError, error).pos
-        groups = _open_groups(text, min(stop, len(body)))
-        repeat = _first_repeat(text, groups)  # ...may hold a repeated key
-        if repeat is not None:
-            candidates.append(_duplicate(text, repeat))
+    if stop is not None:
+        profile = _Profile(text, 0, stop)
+        deep = profile.first_over(MAX_DEPTH)
+        groups = _open_groups(profile, stop)
         if isinstance(error, json.JSONDecodeError):
             innermost = groups[-1].kind if groups else "{"
-            candidates.append((limit, _decoder_message(error, text, deep, innermost)))
-    if watch.first_repeat is not None:  # the first object the decoder closed had one
+            candidates.append((limit, _serde_message(error, text, innermost)))
+    else:  # decoded, or nested deeper than CPython allows (far beyond MAX_DEPTH)
+        deep = _too_deep(text)
+        groups = []
+        if deep is not None and error is not None:  # objects the decoder never closed
+            groups = _open_groups(_Profile(text, 0, deep), deep)
+    if deep is not None:
+        candidates.append((deep, _at("recursion limit exceeded", text, deep)))
+    repeat = _first_repeat(text, groups)  # in an object still open where decoding stopped
+    if repeat is not None:
+        candidates.append(_duplicate(text, repeat))
+    if watch.first_repeat is not None:  # in the first object the decoder closed with one
         close = _start_of_item(text, r"\}", r'(?:[^"}]++|' + _STR + r")*+", watch.first_repeat - 1)
-        repeat = _first_repeat(text, _open_groups(text, close))
+        repeat = _first_repeat(text, _open_groups(_Profile(text, 0, close), close))
         if repeat is not None:
             candidates.append(_duplicate(text, repeat))
-    bad = _first_bad_surrogate(text, limit)
+    bad = _first_bad_surrogate(text, min(limit, len(text) if deep is None else deep))
     if bad is not None:
         candidates.append(bad)
     if candidates:
         raise ArgumentsError(min(candidates)[1])
     return value
-
-
-def _decoder_message(exc: json.JSONDecodeError, text: str, deep: int | None,
-                     innermost: str) -> str:
-    message = _serde_message(exc, text, innermost)
-    if deep is not None and exc.pos >= deep and message.startswith("expected value"):
-        # the too-deep opener sits where a value may start: serde stops there
-        message = _at("recursion limit exceeded", text, deep)
-    return message
 
 
 _UNPRINTABLE_KEY = re.compile(r"[\x00-\x1f\x7f`\x85\u2028\u2029]")
