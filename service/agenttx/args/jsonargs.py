@@ -15,19 +15,16 @@ string method. Patterns that could restart per position (an unterminated string 
 
 Diagnostics follow serde's order: the error reported is the first one in the document.
 
-Must never raise anything but ArgumentsError, never do I/O, and import nothing above it
-(engine, tools, store, grpc).
+Every malformed document raises ArgumentsError. Must never do I/O, and imports nothing
+above it (engine, tools, store, grpc).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import json
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import accumulate, islice
 from typing import Any
@@ -169,7 +166,17 @@ def _too_deep(text: str) -> int | None:
     pos = _end(_patterns().skip, text)
     if pos >= len(text) or text[pos] not in "[{":
         return None
-    return _Profile(text, pos, len(text)).first_over(MAX_DEPTH)
+    # This group is too deep (or never closes): follow its depth in chunks, so that an
+    # early excess (a million `[`) stops early.
+    brackets, depth, chunk = _brackets(text, pos, len(text)), 0, 1 << 14
+    for off in range(0, len(brackets), chunk):
+        depths = list(accumulate(map(_DELTA.__getitem__, brackets[off:off + chunk]),
+                                 initial=depth))[1:]
+        if max(depths) > MAX_DEPTH:
+            over = off + depths.index(MAX_DEPTH + 1)
+            return _start_of_item(text, _BRACKET, _NOT_BRACKET, over, pos)
+        depth = depths[-1]
+    return None
 
 
 # ---- duplicate keys ----------------------------------------------------------------------
@@ -377,23 +384,6 @@ def _serde_message(exc: json.JSONDecodeError, text: str, innermost: str) -> str:
     return f"{msg[0].lower() + msg[1:]} at line {line} column {col}"
 
 
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Pause the cyclic GC while the C decoder builds containers: every 700 new containers
-    would start a collection (and the older generations now and then), which makes a
-    document of 500k small lists 3x slower to decode. It only delays collection; the GC is
-    restarted unless it was already off (another parse in another thread restores it
-    when it ends; the worst case is a parse that runs with the GC on, as before)."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def _decode(text: str, big_numbers: bool) -> tuple[Any, _Watch, Exception | None]:
     """Run the C decoder: the value, the hooks' notes, and the decoder's error
     (JSONDecodeError, _Stop, or RecursionError for nesting beyond what CPython allows)."""
@@ -402,8 +392,7 @@ def _decode(text: str, big_numbers: bool) -> tuple[Any, _Watch, Exception | None
     if big_numbers:
         hooks.update(parse_int=watch.parse_int, parse_float=watch.parse_float)
     try:
-        with _no_gc():
-            return json.loads(text, **hooks), watch, None
+        return json.loads(text, **hooks), watch, None
     except (json.JSONDecodeError, _Stop, RecursionError) as exc:
         return None, watch, exc
     except ValueError:  # an integer beyond int()'s digit limit the gate did not foresee
@@ -448,6 +437,8 @@ def _parse(text: str) -> Any:
         groups = []
         if deep is not None and error is not None:  # objects the decoder never closed
             groups = _open_groups(_Profile(text, 0, deep), deep)
+    if deep is None and isinstance(error, RecursionError):  # cannot happen: a guard
+        deep = 0
     if deep is not None:
         candidates.append((deep, _at("recursion limit exceeded", text, deep)))
     repeat = _first_repeat(text, groups)  # in an object still open where decoding stopped
