@@ -92,7 +92,7 @@ CASES: list[tuple[str, str, str, str | None]] = [
     # odd but valid shapes
     ("empty-document", "kv.put", "", "invalid_parameter_value"),
     ("whitespace-only", "kv.put", " \n\t ", "invalid_parameter_value"),
-    ("duplicate-keys", "kv.put", '{"key": "a", "key": "b"}', None),
+    ("duplicate-keys", "kv.put", '{"key": "a", "key": "b"}', "invalid_parameter_value"),
     ("unicode-line-separator", "kv.put", '{"key": "a\u2028b"}', None),
     ("reference-to-itself", "kv.put", '{"key": "${steps.1.key}"}', "undefined_object"),
     ("reference-bad-step-number", "kv.put", '{"key": "${steps.99999999999999999999.key}"}',

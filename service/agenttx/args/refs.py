@@ -1,170 +1,372 @@
-"""`${steps.N.path}` references in step arguments.
+"""`${steps.N.path}` references in step arguments: finding them, resolving them, and saying
+which step produced which argument.
 
 A whole-string reference keeps the JSON type of the referenced value; an embedded one
 interpolates as text (strings as-is, anything else as compact JSON). Dotted paths index
-objects by key and arrays by position. Only live steps can be referenced.
-Pure functions; no I/O.
+objects by key and arrays by position (ASCII digits). Only live steps can be referenced.
+
+Why it is careful about cost: the text of a reference is user input inside a 1 MiB
+document, so finding references is a scan that reads each character a bounded number of
+times (no backtracking regex, no restart per `${`): a candidate ends at the first `}`
+after it, and once no `}` is left nothing after can be a reference. Resolution charges
+every expansion against MAX_EXPANSION and keeps the result within the JSON nesting limit.
+
+The engine uses `Resolution.referenced` / `ReferenceError_.referenced` for dependencies and
+`offending_step` for the culprit of a failed step (SPEC §5); both cover every reference in
+the document, also those after the one that failed.
+
+Pure functions; no I/O; imports nothing above `agenttx.args`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .jsonargs import dumps
+from .jsonargs import MAX_DEPTH, dumps, json_depth
 
-REF = re.compile(r"\$\{steps\.([0-9]+)((?:\.[^.}]+)*)\}")  # ASCII digits only, as in JSON
+__all__ = ["MAX_EXPANSION", "Reference", "ReferenceError_", "Resolution", "find_references",
+           "has_reference", "offending_step", "resolve"]
+
 # References may not expand the arguments beyond this many characters: one 1 MiB output
 # referenced thousands of times would otherwise build gigabytes in memory before the
 # engine's own size limit (8 MiB per step, engine.transactions) is ever checked.
 MAX_EXPANSION = 8 * 1024 * 1024
 
+_MARK = "${steps."
+# What follows the mark: the step number, then `.segment`s, none empty, none holding `.` or
+# `}`. Possessive, and matched at one position only: it reads up to the first `}` at most.
+_BODY = re.compile(r"([0-9]++)((?:\.[^.}]++)*+)")
+_WHOLE = re.compile(r"\$\{steps\.([0-9]++)((?:\.[^.}]++)*+)\}")  # fullmatch only
+# Step ids are int64 on the wire; a longer number can never name a live step.
+_MAX_STEP_DIGITS = 18
+_SHOWN_DIGITS = 20  # a step number is shown whole up to this many digits
+_SHOWN_REFERENCE = 80  # a reference's text is shown whole up to this many characters
+_SHOWN_LIVE = 10  # live steps are listed one by one up to this many, else as a range
+
+
+# Where a value sits: (where its container sits, key or index); None for the arguments
+# themselves. Linked, so the values of one container share their prefix.
+_Where = tuple[Any, str | int] | None
+
+
+@dataclass(slots=True)
+class Reference:
+    """One `${steps.N.path}` in the arguments."""
+
+    argument: str  # dotted path of the argument holding it: "key", "fields.c", "items.0"
+    step: int | None  # None when the number can never be a step id (e.g. 5000 digits)
+    digits: str  # the step number as written
+    path: tuple[str, ...]  # the segments after the step number
+    raw: str  # the reference's text, "${steps.2.value.a}"
+    offset: int  # where `raw` starts in the argument's string
+    whole: bool  # the argument's string is exactly this reference (keeps the JSON type)
+    _where: _Where = field(default=None, compare=False, repr=False)
+    _levels: int = field(default=0, compare=False, repr=False)  # containers holding it
+
 
 class ReferenceError_(Exception):
-    """Raised with a raw message for the cleaner (undefined_object / undefined_column)."""
+    """Raised with a raw message for the cleaner (undefined_object / undefined_column /
+    program_limit_exceeded). `referenced` is every live step the document references,
+    before or after the failing reference, so the engine can still compute dependencies."""
 
-    def __init__(self, message: str, argument: str, step: int | None) -> None:
+    def __init__(self, message: str, argument: str, step: int | None,
+                 referenced: frozenset[int] = frozenset()) -> None:
         super().__init__(message)
         self.message = message
         self.argument = argument
         self.step = step
-        self.referenced: set[int] = set()
+        self.referenced = referenced
 
 
 @dataclass
 class Resolution:
     value: Any
-    referenced: set[int] = field(default_factory=set)
+    referenced: set[int] = field(default_factory=set)  # live steps the arguments reference
     # dotted argument path -> the step whose output produced (part of) its value
     provenance: dict[str, int] = field(default_factory=dict)
 
 
-def _lookup(output: Any, path: list[str], step: int, ref: str, arg: str) -> Any:
-    cur = output
-    for i, seg in enumerate(path):
-        if isinstance(cur, Mapping) and seg in cur:
-            cur = cur[seg]
-        elif isinstance(cur, list) and seg.isascii() and seg.isdigit() and int(seg) < len(cur):
-            cur = cur[int(seg)]
+# ---- finding -----------------------------------------------------------------------------
+
+def _scan(text: str) -> Iterator[tuple[int, int, str, str]]:
+    """(start, end, digits, dotted segments) of each reference in `text`, in order.
+
+    Linear: every `}` is searched for once (a later candidate reuses it), the body regex of
+    a candidate reads no further than its `}`, and after a failed candidate the search goes
+    on from where it failed (no candidate starting before that point can succeed: its body
+    would run into the same empty segment or stray character)."""
+    close = -1
+    start = text.find(_MARK)
+    while start >= 0:
+        body = start + len(_MARK)
+        if close < body:
+            close = text.find("}", body)
+            if close < 0:
+                return  # no `}` left: nothing from here on is a reference
+        m = _BODY.match(text, body, close + 1)
+        if m is not None and m.end() == close:
+            yield start, close + 1, m.group(1), m.group(2)
+            start = text.find(_MARK, close + 1)
         else:
-            shown = ".".join(path[: i + 1])
-            raise ReferenceError_(
-                f'column "{shown}" does not exist in the output of step {step} '
-                f"(referenced as {ref})", arg, step)
-    return cur
+            start = text.find(_MARK, m.end() if m is not None else body)
 
 
-@dataclass(frozen=True)
-class Reference:
-    step: int | None
-    argument: str
+def _step_number(digits: str) -> int | None:
+    if len(digits) <= _MAX_STEP_DIGITS:
+        return int(digits)
+    significant = digits.lstrip("0") or "0"
+    return int(significant) if len(significant) <= _MAX_STEP_DIGITS else None
+
+
+def _marked(value: dict[str, Any] | list[Any]) -> list[tuple[_Where, int, str]]:
+    """Every string value holding `${steps.`, with where it sits and in how many
+    containers, in document order. One visit per container (recursion: JSON here nests at
+    most MAX_DEPTH levels)."""
+    found: list[tuple[_Where, int, str]] = []
+    keep = found.append
+
+    def visit(node: dict[str, Any] | list[Any], where: _Where, levels: int) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, item in items:
+            if isinstance(item, str):
+                if _MARK in item:
+                    keep(((where, key), levels, item))
+            elif isinstance(item, (dict, list)):
+                visit(item, (where, key), levels + 1)
+
+    visit(value, None, 1)
+    return found
+
+
+def _start(value: Any) -> list[tuple[_Where, int, str]]:
+    if isinstance(value, str):
+        return [(None, 0, value)] if _MARK in value else []
+    return _marked(value) if isinstance(value, (dict, list)) else []
+
+
+def _dotted(where: _Where, cache: dict[int, str]) -> str:
+    """"fields.c" for ((None, "fields"), "c"); each container's path is built once."""
+    if where is None:
+        return ""
+    parent, key = where
+    if parent is None:
+        return str(key)
+    above = cache.get(id(parent))
+    if above is None:
+        above = cache[id(parent)] = _dotted(parent, cache)
+    return f"{above}.{key}"
 
 
 def find_references(args: Any) -> list[Reference]:
-    """Every reference in the document, in order (interim: steps only)."""
-    out: list[Reference] = []
+    """Every `${steps.N.path}` in the string values of `args`, in document order."""
+    refs: list[Reference] = []
+    cache: dict[int, str] = {}
+    for where, levels, text in _start(args):
+        argument = _dotted(where, cache)
+        whole = _WHOLE.fullmatch(text)  # the common case, in one C call
+        found = [(0, len(text), whole.group(1), whole.group(2))] if whole else _scan(text)
+        for start, end, digits, dotted in found:
+            refs.append(Reference(argument=argument, step=_step_number(digits), digits=digits,
+                                  path=tuple(dotted.split(".")[1:]) if dotted else (),
+                                  raw=text[start:end], offset=start,
+                                  whole=start == 0 and end == len(text), _where=where,
+                                  _levels=levels))
+    return refs
 
-    def walk(value: Any, arg: str) -> None:
-        if isinstance(value, str):
-            if "${steps." in value:
-                for m in REF.finditer(value):
-                    try:
-                        out.append(Reference(int(m.group(1)), arg))
-                    except ValueError:
-                        out.append(Reference(None, arg))
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                walk(v, f"{arg}.{i}" if arg else str(i))
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, f"{arg}.{k}" if arg else k)
 
-    walk(args, "")
-    return out
+def has_reference(value: Any) -> bool:
+    """Whether any string value holds `${steps.` (a reference, or text that looks like one)."""
+    return bool(_start(value))
 
+
+# ---- resolving ---------------------------------------------------------------------------
+
+def _shown_step(digits: str) -> str:
+    if len(digits) <= _SHOWN_DIGITS:
+        return digits
+    return f"{digits[:12]}…({len(digits)} digits)"
+
+
+def _shown(raw: str) -> str:
+    if len(raw) <= _SHOWN_REFERENCE:
+        return raw
+    return raw[:_SHOWN_REFERENCE - 20] + "…" + raw[-19:]
+
+
+def _shown_live(live: range) -> str:
+    if len(live) == 0:
+        return "none"
+    if len(live) <= _SHOWN_LIVE:
+        return ", ".join(map(str, live))
+    return f"{live[0]}-{live[-1]}"
+
+
+@dataclass(slots=True)
+class _Found:
+    value: Any
+    text: str  # the value as it interpolates: a string as-is, anything else compact JSON
+    _depth: int | None = None
+
+    def depth(self) -> int:
+        if self._depth is None:
+            self._depth = 0 if isinstance(self.value, str) else json_depth(self.text)
+        return self._depth
+
+
+class _Resolver:
+    def __init__(self, outputs: Mapping[int, Any], live: range,
+                 referenced: frozenset[int]) -> None:
+        self.outputs, self.live, self.referenced = outputs, live, referenced
+        self.provenance: dict[str, int] = {}
+        self.expanded = 0
+        self.seen: dict[tuple[int, tuple[str, ...]], _Found] = {}  # each value looked up once
+
+    def fail(self, message: str, ref: Reference) -> ReferenceError_:
+        return ReferenceError_(message, ref.argument, ref.step, self.referenced)
+
+    def lookup(self, ref: Reference) -> _Found:
+        step = ref.step
+        if step is None or step not in self.live:
+            raise self.fail(f'step "{_shown_step(ref.digits)}" does not exist (referenced as '
+                            f"{_shown(ref.raw)}); live steps: {_shown_live(self.live)}", ref)
+        key = (step, ref.path)
+        if key not in self.seen:
+            if step not in self.outputs:
+                raise ValueError(f"resolve: the output of live step {step} was not given")
+            cur = self.outputs[step]
+            for i, seg in enumerate(ref.path):
+                if isinstance(cur, Mapping) and seg in cur:
+                    cur = cur[seg]
+                elif isinstance(cur, list) and seg.isascii() and seg.isdigit() \
+                        and len(seg) <= _MAX_STEP_DIGITS and int(seg) < len(cur):
+                    cur = cur[int(seg)]
+                else:
+                    shown = ".".join(ref.path[: i + 1])
+                    raise self.fail(f'column "{shown}" does not exist in the output of step '
+                                    f"{step} (referenced as {_shown(ref.raw)})", ref)
+            self.seen[key] = _Found(cur, cur if isinstance(cur, str) else dumps(cur))
+        found = self.seen[key]
+        self.expanded += len(found.text)
+        if self.expanded > MAX_EXPANSION:
+            raise self.fail(f"program limit exceeded: references expand the arguments to more "
+                            f"than {MAX_EXPANSION} characters (referenced as {_shown(ref.raw)})",
+                            ref)
+        self.provenance[ref.argument] = step
+        return found
+
+    def whole(self, ref: Reference) -> Any:
+        found = self.lookup(ref)
+        if found.depth() > MAX_DEPTH - ref._levels:
+            raise self.fail(f"program limit exceeded: references nest the arguments deeper than "
+                            f"{MAX_DEPTH} levels (referenced as {_shown(ref.raw)} in "
+                            f"{ref.argument or 'the arguments'})", ref)
+        return found.value
+
+
+def resolve(args: Any, outputs: Mapping[int, Any], live: range,
+            references: list[Reference] | None = None) -> Resolution:
+    """Replace the references in every string of `args` with values from `outputs`.
+
+    `live` is the range of live step ids (in AgentTx always `range(1, next_step_id)`);
+    `outputs` must hold the output of every live step the arguments reference (and may
+    hold only those: see `find_references`, whose result can be passed as `references`
+    to save a second scan). Raises ReferenceError_ for the first reference, in document
+    order, that names a step that is not live or a path its output lacks, or that would
+    expand or nest the arguments beyond the limits. Containers without references are
+    shared with `args`, not copied."""
+    refs = find_references(args) if references is None else references
+    referenced = frozenset(r.step for r in refs if r.step is not None and r.step in live)
+    if not refs:
+        return Resolution(value=args)
+    resolver = _Resolver(outputs, live, referenced)
+    # The new value of every string holding references, in document order (errors too).
+    strings: dict[int, tuple[_Where, _New]] = {}
+    i = 0
+    while i < len(refs):
+        ref, j = refs[i], i + 1
+        while j < len(refs) and refs[j]._where is ref._where:  # the same string
+            j += 1
+        if ref.whole:
+            new = _New(value=resolver.whole(ref))
+        else:
+            new = _New(pieces=[(r, resolver.lookup(r).text) for r in refs[i:j]])
+        strings[id(ref._where)] = (ref._where, new)
+        i = j
+    value = _rebuild(args, strings)
+    return Resolution(value=value, referenced=set(referenced), provenance=resolver.provenance)
+
+
+@dataclass(slots=True)
+class _New:
+    """What one string becomes: a referenced value, or its text with pieces interpolated."""
+
+    value: Any = None
+    pieces: list[tuple[Reference, str]] | None = None
+
+    def apply(self, original: str) -> Any:
+        if self.pieces is None:
+            return self.value
+        out, pos = [], 0
+        for ref, text in self.pieces:
+            out.append(original[pos:ref.offset])
+            out.append(text)
+            pos = ref.offset + len(ref.raw)
+        out.append(original[pos:])
+        return "".join(out)
+
+
+def _rebuild(args: Any, strings: dict[int, tuple[_Where, _New]]) -> Any:
+    """A copy of `args` with the strings replaced; only containers on the way are copied."""
+    root = 0  # stands for the arguments themselves (where None)
+    kids: dict[int, dict[str | int, _Where]] = {}  # container -> the keys to replace in it
+    for where, _ in strings.values():
+        node = where
+        while node is not None:
+            parent, key = node
+            slot = id(parent) if parent is not None else root
+            linked = slot in kids
+            kids.setdefault(slot, {})[key] = node
+            if linked:
+                break
+            node = parent
+
+    def build(node: Any, slot: int) -> Any:
+        copy: Any = dict(node) if isinstance(node, dict) else list(node)
+        for key, where in kids.get(slot, {}).items():
+            child = node[key]
+            if isinstance(child, str):
+                copy[key] = strings[id(where)][1].apply(child)
+            else:
+                copy[key] = build(child, id(where))
+        return copy
+
+    if isinstance(args, str):
+        return strings[id(None)][1].apply(args)
+    return build(args, root)
+
+
+# ---- culprits ----------------------------------------------------------------------------
 
 def offending_step(argument: str | None, provenance: Mapping[str, int]) -> int | None:
-    """The step whose output produced the offending argument (the path itself, a path
-    below a whole-value reference, or a path above a reference)."""
+    """The step whose output produced the offending `argument` (SPEC §5 culprit rule).
+
+    The argument may be a referenced path itself, lie below one (`fields.c` when the whole
+    `fields` object came from `${steps.2.value}`), or lie above one (`fields` when the
+    reference sat at `fields.c`). No provenance, no culprit: None."""
     if not argument:
         return None
     if argument in provenance:
         return provenance[argument]
+    parent = argument
+    while "." in parent:
+        parent = parent.rsplit(".", 1)[0]
+        if parent in provenance:
+            return provenance[parent]
+    below = argument + "."
     for path, step in provenance.items():
-        if argument.startswith(path + ".") or path.startswith(argument + "."):
+        if path.startswith(below):
             return step
     return None
-
-
-def resolve(args: Any, outputs: Mapping[int, Any], live: range | None = None) -> Resolution:
-    """Replace references in every string of `args` with values from live `outputs`."""
-    live_set = live if live is not None else range(0)
-    referenced = {r.step for r in find_references(args)
-                  if r.step is not None and r.step in live_set}
-    try:
-        return _resolve(args, outputs, live)
-    except ReferenceError_ as exc:
-        exc.referenced = referenced
-        raise
-
-
-def _resolve(args: Any, outputs: Mapping[int, Any], live_range: range | None) -> Resolution:
-    res = Resolution(value=None)
-    live = list(live_range) if live_range is not None else sorted(outputs)
-    sizes: dict[tuple[int, str], int] = {}  # (step, path) -> size of its value as text
-    expanded = 0
-
-    def one(m: re.Match[str], arg: str) -> Any:
-        step = int(m.group(1))
-        path = [p for p in m.group(2).split(".") if p]
-        if step not in outputs or (live_range is not None and step not in live_range):
-            shown = ", ".join(map(str, live)) or "none"
-            raise ReferenceError_(
-                f'step "{step}" does not exist (referenced as {m.group(0)}); '
-                f"live steps: {shown}", arg, step)
-        res.referenced.add(step)
-        res.provenance[arg] = step
-        value = _lookup(outputs[step], path, step, m.group(0), arg)
-        nonlocal expanded
-        key = (step, m.group(2))
-        if key not in sizes:
-            sizes[key] = len(_text(value))
-        expanded += sizes[key]
-        if expanded > MAX_EXPANSION:
-            raise ReferenceError_(
-                f"program limit exceeded: references expand the arguments to more than "
-                f"{MAX_EXPANSION} characters (referenced as {m.group(0)})", arg, step)
-        return value
-
-    def walk(value: Any, arg: str) -> Any:
-        if isinstance(value, str):
-            whole = REF.fullmatch(value)
-            if whole:
-                return one(whole, arg)
-            if "${steps." not in value:
-                return value
-            return REF.sub(lambda m: _text(one(m, arg)), value)
-        if isinstance(value, list):
-            return [walk(v, f"{arg}.{i}" if arg else str(i)) for i, v in enumerate(value)]
-        if isinstance(value, dict):
-            return {k: walk(v, f"{arg}.{k}" if arg else k) for k, v in value.items()}
-        return value
-
-    res.value = walk(args, "")
-    return res
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else dumps(value)
-
-
-def has_reference(value: Any) -> bool:
-    if isinstance(value, str):
-        return "${steps." in value
-    if isinstance(value, list):
-        return any(has_reference(v) for v in value)
-    if isinstance(value, dict):
-        return any(has_reference(v) for v in value.values())
-    return False

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import failpoints
 from ..args.jsonargs import ArgumentsError, dumps, parse_arguments
-from ..args.refs import ReferenceError_, find_references, offending_step, resolve
+from ..args.refs import Reference, ReferenceError_, find_references, offending_step, resolve
 from ..cleaner import clean_error
 from ..errors import FailedPrecondition, NotFound, StoreUnavailable
 from ..observability.context import note
@@ -116,8 +116,8 @@ class Stepper:
                       arguments_json: str, raw_context: str) -> StepOutcome:
         tool = self.tools.get(tool_name)
         parsed, parse_error = await _parse(arguments_json)
-        refs = [r.step for r in find_references(parsed)] if parsed is not None else []
-        ref_steps = {r for r in refs if r is not None}
+        references = find_references(parsed) if parsed is not None else []
+        ref_steps = {r.step for r in references if r.step is not None}
         prefetch = self._prefetch(tool, parsed)
         fresh = is_custom_saga(tool)
         note(tx=tx_id, step=step_id, tool=tool_name)
@@ -144,7 +144,7 @@ class Stepper:
                     continue
                 try:
                     return await self._run(state, step_id, tool_name, tool, parsed, parse_error,
-                                           ref_steps, raw_context, fresh)
+                                           references, ref_steps, raw_context, fresh)
                 except Stale as stale:
                     current = stale.header
                     if current is not None and (current.next_step_id != step_id
@@ -177,8 +177,9 @@ class Stepper:
     # ---- one attempt -------------------------------------------------------------------
 
     async def _run(self, state: TxState, step_id: int, tool_name: str, tool: Tool | None,
-                   parsed: dict[str, Any] | None, parse_error: str | None, ref_steps: set[int],
-                   raw_context: str, fresh: bool) -> StepOutcome:
+                   parsed: dict[str, Any] | None, parse_error: str | None,
+                   references: list[Reference], ref_steps: set[int], raw_context: str,
+                   fresh: bool) -> StepOutcome:
         h = state.header
         view = StepView(keys=self.keys, state=state, data=self.data,
                         fetch=lambda e, d: self.loader.fetch(h.id, e, d), step_id=step_id,
@@ -195,7 +196,7 @@ class Stepper:
                 raise ToolError(f"function {tool_name}() does not exist")
             outputs = await self.loader.outputs(state, ref_steps)
             try:
-                resolution = resolve(parsed, outputs, h.live)
+                resolution = resolve(parsed, outputs, h.live, references)
             except ReferenceError_ as exc:
                 attempt.refs = set(exc.referenced)
                 raise ToolError(exc.message, argument=exc.argument) from None

@@ -25,8 +25,8 @@ from pydantic import BaseModel
 
 from .base import ArgType, ArgumentModel, Field
 
-# A whole-string reference, as engine.refs.REF spells it (without its capture groups,
-# which JSON Schema does not need; tests/unit/test_tool_schema.py checks they agree).
+# A whole-string reference, as agenttx.args.refs reads one (tests/unit/test_tool_schema.py
+# checks the two agree).
 REFERENCE_PATTERN = r"^\$\{steps\.[0-9]+(\.[^.}]+)*\}$"
 REFERENCE_SCHEMA: dict[str, Any] = {
     "type": "string",
