@@ -91,14 +91,44 @@ class ServiceProcess:
         """`host:port` to give `agenttx.client.Client`."""
         return self.address
 
-    def start(self, timeout: float = 30.0) -> ServiceProcess:
-        """Start the process and wait until it reports SERVING."""
+    def start(self, timeout: float = 30.0, *, serving: bool = True) -> ServiceProcess:
+        """Start the process and wait until it reports SERVING (or, with
+        `serving=False`, until its health service answers at all)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as logf:
             self.process = subprocess.Popen(self.args, stdout=logf, stderr=subprocess.STDOUT,
                                             env=self.env, start_new_session=True)
-        self.wait_serving(timeout)
+        if serving:
+            self.wait_serving(timeout)
+        else:
+            self.wait_health(("SERVING", "NOT_SERVING"), timeout)
         return self
+
+    def health(self, service: str = "") -> str:
+        """The health status name (`SERVING`, `NOT_SERVING`, ...) or `UNREACHABLE`."""
+        with grpc.insecure_channel(self.address) as ch:
+            try:
+                r = health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=1)
+            except grpc.RpcError:
+                return "UNREACHABLE"
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
+
+    def wait_health(self, statuses: Sequence[str], timeout: float = 30.0,
+                    service: str = "") -> str:
+        """Poll health until it is one of `statuses`; returns it (TimeoutError if not)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.process.returncode}):\n"
+                                   + self.log_path.read_text()[-3000:])
+            status = self.health(service)
+            if status in statuses:
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} health is {status}, not {list(statuses)}, "
+                                   f"after {timeout}s")
+            time.sleep(0.1)
 
     def wait_serving(self, timeout: float = 30.0) -> None:
         """Poll the gRPC health check until SERVING; raise with the log tail if the
