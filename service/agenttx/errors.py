@@ -34,3 +34,13 @@ class StoreError(AgentTxError):
 
 class StoreUnavailable(StoreError):
     """etcd could not be reached; nothing was written (or the write's fate was checked)."""
+
+
+class Unauthenticated(AgentTxError):
+    """Missing, invalid or expired credentials (SPEC §9). The message is exactly one of
+    "missing credentials", "invalid credentials", "expired credentials": never which
+    check failed, never the credential itself."""
+
+
+class ResourceExhausted(AgentTxError):
+    """A per-principal quota was hit (SPEC §9); the message names the limit."""

@@ -15,6 +15,8 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.AgentTxError], grpc.StatusCode], ...] =
     (errors.NotFound, grpc.StatusCode.NOT_FOUND),
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.Conflict, grpc.StatusCode.ABORTED),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.StoreUnavailable, grpc.StatusCode.UNAVAILABLE),  # before its base class
     (errors.StoreError, grpc.StatusCode.INTERNAL),
 )
