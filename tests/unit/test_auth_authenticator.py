@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import pathlib
 
+import grpc
 import pytest
 
 from agenttx import errors
+from agenttx.api.status import status_for
 from agenttx.auth import (
     ANONYMOUS,
     AuthConfigError,
@@ -114,3 +116,9 @@ async def test_mtls_mode_needs_a_client_certificate() -> None:
     auth = Authenticator("mtls")
     with pytest.raises(errors.Unauthenticated, match="^missing credentials$"):
         await auth.authenticate([("authorization", "Bearer x")], {"transport_security_type": [b"ssl"]})
+
+
+def test_refusals_map_to_their_status_codes() -> None:
+    assert status_for(errors.Unauthenticated("missing credentials")) == grpc.StatusCode.UNAUTHENTICATED
+    assert status_for(errors.ResourceExhausted("max-requests-per-s (5) exceeded for this principal")) \
+        == grpc.StatusCode.RESOURCE_EXHAUSTED
