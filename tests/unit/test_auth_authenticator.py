@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 
 import grpc
@@ -20,6 +21,7 @@ from agenttx.auth import (
     hash_token,
 )
 from agenttx.config import Settings
+from agenttx.store.client import connect
 from support.certs import write_atomically
 
 
@@ -71,6 +73,16 @@ def test_settings_checks_are_start_up_errors(tmp_path: pathlib.Path) -> None:
         build(auth="kubernetes")
 
 
+async def test_kubernetes_settings_checks() -> None:
+    store = connect(["127.0.0.1:1"])  # never contacted: building only checks the settings
+    with pytest.raises(AuthConfigError, match="^--auth kubernetes needs a non-empty --auth-k8s-audience$"):
+        Authenticator.from_settings(Settings(auth="kubernetes", auth_k8s_audience=" "), store=store)
+    auth = Authenticator.from_settings(Settings(auth="kubernetes"), store=store)
+    assert auth.verifier is not None and auth.verifier.audience == "agenttx"
+    assert auth.verifier.issuer_override is None
+    await store.close()
+
+
 async def test_none_mode_is_anonymous() -> None:
     auth = Authenticator.from_settings(Settings())
     await auth.start()
@@ -102,12 +114,17 @@ async def test_token_mode_end_to_end_with_rotation(tmp_path: pathlib.Path) -> No
     await auth.stop()
 
 
-async def test_token_mode_from_settings(tmp_path: pathlib.Path) -> None:
+async def test_token_mode_from_settings(tmp_path: pathlib.Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "tokens.yaml"
     path.write_text(f"tokens:\n  - {{sha256: {hash_token('ops-token')}, principal: ops, "
                     "roles: [admin]}\n")
-    auth = Authenticator.from_settings(Settings(auth="token", auth_tokens_file=str(path),
-                                                listen="0.0.0.0:50051"))
+    with caplog.at_level(logging.WARNING, logger="agenttx.auth.authenticator"):
+        auth = Authenticator.from_settings(Settings(auth="token", auth_tokens_file=str(path),
+                                                    listen="0.0.0.0:50051"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "bearer tokens will cross the network in plaintext: serve TLS (--tls-cert-file/"
+        "--tls-key-file) unless a mesh or proxy terminates TLS in front of this port"]
     principal = await auth.authenticate([("authorization", "Bearer ops-token")], None)
     assert principal.is_admin and principal.namespace is None
 

@@ -20,7 +20,7 @@ from ..config import Settings
 from ..store.client import Store
 from ..store.layout import Keys
 from .kubernetes import JwksCache, ServiceAccountVerifier
-from .modes import AuthMode, check_listen_allowed, parse_mode
+from .modes import AuthMode, check_listen_allowed, is_loopback_listen, parse_mode
 from .mtls import principal_from_auth_context
 from .principal import ANONYMOUS, AuthConfigError, Principal, invalid, missing
 from .tokens import TokenFile
@@ -80,6 +80,11 @@ class Authenticator:
         parts. `store` is needed for `--auth kubernetes` (keys come from etcd)."""
         mode = parse_mode(settings.auth)
         check_listen_allowed(settings.listen, mode, settings.allow_unauthenticated)
+        if (mode in (AuthMode.TOKEN, AuthMode.KUBERNETES) and not settings.tls_cert_file
+                and not is_loopback_listen(settings.listen)):
+            log.warning("bearer tokens will cross the network in plaintext: serve TLS "
+                        "(--tls-cert-file/--tls-key-file) unless a mesh or proxy terminates "
+                        "TLS in front of this port", extra={"listen": settings.listen})
         if mode is AuthMode.TOKEN:
             if not settings.auth_tokens_file:
                 raise AuthConfigError("--auth token needs --auth-tokens-file")
@@ -87,6 +92,8 @@ class Authenticator:
         if mode is AuthMode.KUBERNETES:
             if store is None:
                 raise ValueError("--auth kubernetes needs the etcd store for its keys")
+            if not settings.auth_k8s_audience.strip():
+                raise AuthConfigError("--auth kubernetes needs a non-empty --auth-k8s-audience")
             jwks = JwksCache(store, Keys(settings.etcd_prefix))
             verifier = ServiceAccountVerifier(jwks.snapshot, audience=settings.auth_k8s_audience,
                                               issuer=settings.auth_k8s_issuer)
