@@ -37,7 +37,9 @@ class StoreUnavailable(StoreError):
 
 
 class Unauthenticated(AgentTxError):
-    """Missing, invalid or expired credentials (SPEC §9); the message says only which."""
+    """Missing, invalid or expired credentials (SPEC §9). The message is exactly one of
+    "missing credentials", "invalid credentials", "expired credentials": never which
+    check failed, never the credential itself."""
 
 
 class ResourceExhausted(AgentTxError):
