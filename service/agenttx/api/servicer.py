@@ -99,7 +99,7 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             log.exception("internal error", extra={"rpc": name, **record.fields})
         finally:
             elapsed = time.perf_counter() - started
-            METRICS.rpc_duration.labels(name, code.name).observe(elapsed)
+            METRICS.child(METRICS.rpc_duration, name, code.name).observe(elapsed)
             fields = {"rpc": name, "code": code.name, "ms": round(elapsed * 1000, 2),
                       "etcd_round_trips": record.etcd_round_trips, **record.fields}
             if error:

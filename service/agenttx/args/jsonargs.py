@@ -225,6 +225,8 @@ def _first_repeat(text: str, groups: list[_Open]) -> tuple[str, int] | None:
     Keys are read in chunks that double in size (so a repeat near the start costs little)
     and compared with C-level set operations; a Python loop runs only over the one chunk
     that holds the repeat."""
+    if not groups:
+        return None
     pair = _patterns().pair
     for group in groups:  # outermost first: its keys all come before the next group's
         if group.kind != "{":

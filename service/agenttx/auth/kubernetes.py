@@ -28,7 +28,7 @@ from typing import Any
 import jwt
 
 from ..errors import StoreUnavailable
-from ..store.client import Store
+from ..store.client import Store, op_get
 from ..store.layout import Keys
 from .principal import Principal, expired, invalid
 
@@ -246,8 +246,8 @@ class JwksCache:
                         "revision": revision})
 
     async def load(self) -> None:
-        res = await self.store.read([self.key], what="load service-account keys")
-        kv = res.single[self.key]
+        res = await self.store.read([op_get(self.key)], what="auth load")
+        kv = res.first(0)
         self._apply(kv.value if kv else None, kv.mod_revision if kv else res.revision)
         self.revision = res.revision
         self._need_load = False

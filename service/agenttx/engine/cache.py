@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,21 +109,43 @@ class TxCache:
     def bytes(self) -> int:
         return self._bytes
 
-    @asynccontextmanager
-    async def locked(self, tx_id: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(tx_id, (None, 0))
+    def locked(self, tx_id: str) -> _TxLock:
+        """`async with txs.locked(tx_id)`: one call at a time per transaction here."""
+        return _TxLock(self._locks, tx_id)
+
+
+class _TxLock:
+    """Per-transaction asyncio lock, dropped when no call holds or waits for it."""
+
+    __slots__ = ("_locks", "_tx", "_lock")
+
+    def __init__(self, locks: dict[str, tuple[asyncio.Lock, int]], tx_id: str) -> None:
+        self._locks, self._tx = locks, tx_id
+        self._lock: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        lock, users = self._locks.get(self._tx, (None, 0))
         if lock is None:
             lock = asyncio.Lock()
-        self._locks[tx_id] = (lock, users + 1)
+        self._locks[self._tx] = (lock, users + 1)
+        self._lock = lock
         try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[tx_id]
-            if users <= 1:
-                del self._locks[tx_id]
-            else:
-                self._locks[tx_id] = (lock, users - 1)
+            await lock.acquire()
+        except BaseException:
+            self._release_user()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._lock is not None
+        self._lock.release()
+        self._release_user()
+
+    def _release_user(self) -> None:
+        lock, users = self._locks[self._tx]
+        if users <= 1:
+            del self._locks[self._tx]
+        else:
+            self._locks[self._tx] = (lock, users - 1)
 
 
 class DataCache:

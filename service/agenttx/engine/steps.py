@@ -309,7 +309,7 @@ class Stepper:
                                                  attempt, exc)
             failpoints.hit("fs.write.after_rename")
         self._remember(state, record, new_header, res.revision, changes, output_json)
-        METRICS.steps.labels(_tool_label(self.tools, record.tool), "success").inc()
+        METRICS.child(METRICS.steps, _tool_label(self.tools, record.tool), "success").inc()
         note(status="SUCCESS", extra_reads=view.extra_reads)
         return StepOutcome(status="SUCCESS", next_step_id=step_id + 1,
                            constraints=list(new_header.constraints), output_json=output_json)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -89,6 +90,16 @@ class Metrics:
         self.leader = Gauge("agenttx_leader", "1 while this replica holds the role's lease.",
                             ["role"], registry=r)
         self.build_info.labels(__version__, platform.python_version()).set(1)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, memoised: labels() takes a lock and builds a key on
+        every call, and the hot path updates a few series per RPC."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def zero_initialise(self, tools: Iterable[str], channels: Iterable[str]) -> None:
         """Create the labelled series dashboards and alerts use, at 0, so a rate() over a
