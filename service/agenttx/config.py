@@ -92,6 +92,9 @@ class Settings(BaseSettings):
                                    "token audience")
     allow_unauthenticated: bool = Field(False, description="allow --auth none on a "
                                         "non-loopback --listen address")
+    auth_admins: str = Field("", description="comma-separated principals with the admin role "
+                             "(may Get, List and Rollback any transaction), in any --auth mode; "
+                             "token files can also grant it per token")
     service_namespace: str = Field("", description="namespace the service runs in: its "
                                    "policies apply to every principal")
     max_open_transactions: int = Field(1000, ge=1, description="open transactions per "
@@ -111,6 +114,9 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return json.loads(v) if v.strip() else {}
         return v
+
+    def admins(self) -> frozenset[str]:
+        return frozenset(a.strip() for a in self.auth_admins.split(",") if a.strip())
 
     def endpoints(self) -> list[str]:
         return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]

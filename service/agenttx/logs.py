@@ -39,8 +39,11 @@ class TextFormatter(logging.Formatter):
 
 
 def setup(fmt: str = "json", level: str = "INFO") -> None:
+    from .auth.redact import RedactFilter
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RedactFilter())  # SPEC §9: no secret in any log line
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .api.servicer import AgentTxServicer, add_to_server
+from .auth import Authenticator, RateLimiter, server_credentials_from_settings
 from .config import Settings
 from .effects.channels import ChannelRegistry
 from .effects.outbox import Dispatcher
@@ -152,6 +153,8 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
                  extra={"endpoints": endpoints, "data_dir": str(data_dir / "etcd")})
     store = connect(endpoints, timeout=settings.etcd_timeout_s, ca_file=settings.etcd_ca_file,
                     cert_file=settings.etcd_cert_file, key_file=settings.etcd_key_file)
+    authenticator = Authenticator.from_settings(settings, store=store)
+    credentials = server_credentials_from_settings(settings)
     keys = Keys(settings.etcd_prefix)
     replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}"
     fs_root = settings.fs_root or str(data_dir / "sandbox")
@@ -192,19 +195,24 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
         ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
         ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ])
-    add_to_server(AgentTxServicer(engine), server)
+    add_to_server(AgentTxServicer(engine, authenticator, RateLimiter(settings.max_requests_per_s),
+                                  settings.admins()), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     _add_reflection(server)
-    port = server.add_insecure_port(settings.listen)
+    port = (server.add_secure_port(settings.listen, credentials) if credentials is not None
+            else server.add_insecure_port(settings.listen))
     if port == 0:
         raise SystemExit(f"cannot listen on {settings.listen}")
+    await authenticator.start()
     readiness = ReadinessProbe(store, health_servicer)
     await readiness.check()
     await server.start()
     readiness.start()
     metrics_server = _start_metrics(settings.metrics_listen)
     log.info("agenttx serving", extra={"listen": settings.listen, "port": port,
+                                        "auth": authenticator.mode.value,
+                                        "tls": credentials is not None,
                                         "replica": replica_id, "etcd": endpoints,
                                         "prefix": keys.prefix, "fs_root": fs_root})
     if ready is not None:
@@ -231,6 +239,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
             await task
     await policies.stop()
     await presence.stop()
+    await authenticator.stop()
     if metrics_server is not None:
         metrics_server.shutdown()
     await store.close()

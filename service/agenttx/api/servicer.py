@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from .._proto import agenttx_pb2 as pb
 from .._proto import agenttx_pb2_grpc as pb_grpc
+from ..auth import Authenticator, RateLimiter
 from ..engine.engine import Engine
 from ..engine.model import ANONYMOUS, Caller
 from ..errors import AgentTxError, InvalidArgument
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SERVICE_NAME = "agenttx.v1.AgentTxService"
+STATE_CHANGING = frozenset({"BeginTransaction", "ExecuteStep", "CommitTransaction",
+                            "RollbackTransaction"})
 _MESSAGES: dict[str, tuple[Any, Any]] = {
     "BeginTransaction": (pb.BeginTransactionRequest, pb.BeginTransactionResponse),
     "ExecuteStep": (pb.ExecuteStepRequest, pb.ExecuteStepResponse),
@@ -89,7 +92,9 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             if isinstance(request, _Unparsable):
                 raise InvalidArgument(f"request is not a valid {request.message_type}: "
                                       f"{request.reason}")
-            return await method(self, request, context)
+            caller = await self.authenticate(context)
+            record.fields["principal"] = caller.principal
+            return await method(self, request, context, caller)
         except AgentTxError as exc:
             code, error = status_for(exc), str(exc)
             details = error
@@ -102,6 +107,8 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             METRICS.child(METRICS.rpc_duration, name, code.name).observe(elapsed)
             fields = {"rpc": name, "code": code.name, "ms": round(elapsed * 1000, 2),
                       "etcd_round_trips": record.etcd_round_trips, **record.fields}
+            if name in STATE_CHANGING:
+                fields["audit"] = True  # SPEC §9: who changed what, and how it ended
             if error:
                 fields["error"] = error
             log.info("rpc", extra=fields)
@@ -112,60 +119,75 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
 
 class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, authenticator: Authenticator | None = None,
+                 rate: RateLimiter | None = None, admins: frozenset[str] = frozenset()) -> None:
         self.engine = engine
+        self.authenticator = authenticator
+        self.rate = rate
+        self.admins = admins
 
-    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
-        """Who is calling; authentication (SPEC §9) decides when it is on."""
-        return ANONYMOUS
+    async def authenticate(self, context: grpc.aio.ServicerContext) -> Caller:
+        """Who is calling (SPEC §9): UNAUTHENTICATED without valid credentials, then
+        RESOURCE_EXHAUSTED past the principal's request rate."""
+        if self.authenticator is None:
+            return ANONYMOUS
+        principal = await self.authenticator.authenticate_call(context)
+        if self.rate is not None:
+            self.rate.check(principal)
+        return Caller(principal=principal.name, namespace=principal.namespace,
+                      admin=principal.is_admin or principal.name in self.admins,
+                      authenticated=self.authenticator.mode.value != "none")
 
     @_guard
     async def BeginTransaction(self, request: pb.BeginTransactionRequest,  # noqa: N802
-                               context: grpc.aio.ServicerContext) -> pb.BeginTransactionResponse:
+                               context: grpc.aio.ServicerContext,
+                               caller: Caller) -> pb.BeginTransactionResponse:
         overrides = validation.begin(
             request.agent_id, dict(request.metadata),
             request.policy if request.HasField("policy") else None)
         tx_id, next_step = await self.engine.begin(request.agent_id, dict(request.metadata),
-                                                   overrides, self.caller(context))
+                                                   overrides, caller)
         return pb.BeginTransactionResponse(transaction_id=tx_id, next_step_id=next_step)
 
     @_guard
     async def ExecuteStep(self, request: pb.ExecuteStepRequest,  # noqa: N802
-                          context: grpc.aio.ServicerContext) -> pb.ExecuteStepResponse:
+                          context: grpc.aio.ServicerContext,
+                          caller: Caller) -> pb.ExecuteStepResponse:
         tx_id = validation.transaction_id(request.transaction_id)
         validation.step(request.step_id, request.tool_name, request.arguments_json,
                         request.raw_context)
         tx_id = validation.known_transaction_id(tx_id)
         outcome = await self.engine.execute(tx_id, request.step_id, request.tool_name,
-                                            request.arguments_json, request.raw_context,
-                                            self.caller(context))
+                                            request.arguments_json, request.raw_context, caller)
         return convert.step_response(outcome)
 
     @_guard
     async def CommitTransaction(self, request: pb.CommitTransactionRequest,  # noqa: N802
-                                context: grpc.aio.ServicerContext) -> pb.CommitTransactionResponse:
+                                context: grpc.aio.ServicerContext,
+                                caller: Caller) -> pb.CommitTransactionResponse:
         tx_id = validation.known_transaction_id(validation.transaction_id(request.transaction_id))
-        return convert.commit_response(await self.engine.commit(tx_id, self.caller(context)))
+        return convert.commit_response(await self.engine.commit(tx_id, caller))
 
     @_guard
     async def RollbackTransaction(self, request: pb.RollbackTransactionRequest,  # noqa: N802
-                                  context: grpc.aio.ServicerContext
-                                  ) -> pb.RollbackTransactionResponse:
+                                  context: grpc.aio.ServicerContext,
+                                  caller: Caller) -> pb.RollbackTransactionResponse:
         tx_id = validation.known_transaction_id(validation.transaction_id(request.transaction_id))
         to_step = request.to_step if request.HasField("to_step") else None
-        outcome = await self.engine.rollback(tx_id, to_step, request.reason, self.caller(context))
+        outcome = await self.engine.rollback(tx_id, to_step, request.reason, caller)
         return convert.rollback_response(outcome)
 
     @_guard
     async def GetTransaction(self, request: pb.GetTransactionRequest,  # noqa: N802
-                             context: grpc.aio.ServicerContext) -> pb.GetTransactionResponse:
+                             context: grpc.aio.ServicerContext,
+                             caller: Caller) -> pb.GetTransactionResponse:
         tx_id = validation.known_transaction_id(validation.transaction_id(request.transaction_id))
-        return convert.transaction_response(await self.engine.get(tx_id, self.caller(context)))
+        return convert.transaction_response(await self.engine.get(tx_id, caller))
 
     @_guard
     async def ListTransactions(self, request: pb.ListTransactionsRequest,  # noqa: N802
-                               context: grpc.aio.ServicerContext) -> pb.ListTransactionsResponse:
-        caller = self.caller(context)
+                               context: grpc.aio.ServicerContext,
+                               caller: Caller) -> pb.ListTransactionsResponse:
         validation.may_list(caller)
         page = await self.engine.list(
             caller, page_size=request.page_size,

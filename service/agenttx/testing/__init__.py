@@ -45,7 +45,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .._proto import agenttx_pb2_grpc as pb_grpc
-from ..client import AsyncClient, Client
+from ..client import TLS, AsyncClient, Client
 from ..store.embedded import EmbeddedEtcd, free_port
 
 __all__ = ["Service", "ServiceProcess", "free_port", "scratch_dir", "serve"]
@@ -69,8 +69,11 @@ class ServiceProcess:
     def __init__(self, name: str = "agenttx", *, etcd_endpoints: Sequence[str] | None = None,
                  prefix: str = "/agenttx", fs_root: str | os.PathLike[str] | None = None,
                  workdir: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-                 extra_args: Sequence[str] | None = None) -> None:
+                 extra_args: Sequence[str] | None = None, tls: TLS | None = None) -> None:
         self.name = name
+        # how this harness itself talks to the replica (health checks, `stub`, `client()`)
+        # when the replica serves TLS (--tls-cert-file): trust `tls.ca`, present `tls.cert`
+        self.tls = tls
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.workdir = pathlib.Path(workdir)
@@ -106,7 +109,7 @@ class ServiceProcess:
 
     def health(self, service: str = "") -> str:
         """The health status name (`SERVING`, `NOT_SERVING`, ...) or `UNREACHABLE`."""
-        with grpc.insecure_channel(self.address) as ch:
+        with self._open_channel() as ch:
             try:
                 r = health_pb2_grpc.HealthStub(ch).Check(
                     health_pb2.HealthCheckRequest(service=service), timeout=1)
@@ -134,7 +137,7 @@ class ServiceProcess:
         """Poll the gRPC health check until SERVING; raise with the log tail if the
         process exits first, TimeoutError after `timeout` seconds."""
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as ch:
+        with self._open_channel() as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while True:
                 if self.process is not None and self.process.poll() is not None:
@@ -150,8 +153,15 @@ class ServiceProcess:
                     raise TimeoutError(f"{self.name} not serving after {timeout}s")
                 time.sleep(0.1)
 
+    def _open_channel(self, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+        if self.tls is None:
+            return grpc.insecure_channel(self.address, options=list(options))
+        return grpc.secure_channel(self.address, self.tls.credentials(), options=list(options))
+
     def client(self, **kwargs: Any) -> Client:
         """An `agenttx.client.Client` for this replica (close it, or use `with`)."""
+        if self.tls is not None:
+            kwargs.setdefault("tls", self.tls)
         return Client(self.address, **kwargs)
 
     def async_client(self, **kwargs: Any) -> AsyncClient:
@@ -161,7 +171,7 @@ class ServiceProcess:
     def channel(self) -> grpc.Channel:
         """A raw gRPC channel, for tests of the wire protocol itself."""
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.address, options=[
+            self._channel = self._open_channel(options=[
                 ("grpc.max_send_message_length", 8 * 1024 * 1024),
                 ("grpc.max_receive_message_length", 8 * 1024 * 1024)])
         return self._channel
