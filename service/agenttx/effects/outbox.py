@@ -268,6 +268,9 @@ class Dispatcher:
                         log.info("outbox dispatcher leading", extra={"replica": self.replica_id})
                     if self.lease.is_leader:
                         busy = await self._sweep()
+                    else:  # leader-reported gauges: 0 elsewhere (dashboards take the max)
+                        METRICS.outbox_depth.set(0)
+                        METRICS.outbox_oldest_age.set(0)
                 except NotLeader as exc:
                     log.warning("outbox dispatcher stopped acting",
                                 extra={"replica": self.replica_id, "error": str(exc)})
