@@ -28,6 +28,7 @@ from .effects.outbox import Dispatcher
 from .engine.engine import Engine
 from .engine.limits import RESPONSE_BYTES
 from .engine.policy import RollbackSettings
+from .observability import tracing
 from .observability.metrics import METRICS
 from .store.client import Store, connect
 from .store.embedded import EmbeddedEtcd
@@ -140,7 +141,11 @@ class ReplicaPresence:
                 await self.store.client.revoke_lease(self.lease_id)
 
 
-async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> int:
+async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
+                stop: asyncio.Event | None = None) -> int:
+    """Run one replica until SIGTERM/SIGINT (or until `stop` is set, when given: how a
+    test runs a replica in its own event loop)."""
+    tracing.setup()  # off unless the OTEL_* environment configures an exporter
     embedded: EmbeddedEtcd | None = None
     endpoints = settings.endpoints()
     data_dir = pathlib.Path(settings.data_dir)
@@ -218,14 +223,16 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
     if ready is not None:
         ready.set()
 
-    stop = asyncio.Event()
+    stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    for sig in signals:
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+            loop.add_signal_handler(sig, _dump_tasks if sig == signal.SIGUSR1 else stop.set)
     await stop.wait()
+    for sig in signals:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(sig)
 
     log.info("shutting down: draining in-flight RPCs", extra={"grace_s": settings.grace_period_s})
     await readiness.stop()
@@ -240,6 +247,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> in
     await policies.stop()
     await presence.stop()
     await authenticator.stop()
+    tracing.shutdown()
     if metrics_server is not None:
         metrics_server.shutdown()
     await store.close()

@@ -24,6 +24,7 @@ from ..engine.engine import Engine
 from ..engine.model import ANONYMOUS, Caller
 from ..errors import AgentTxError, InvalidArgument
 from ..observability import context as rpc_context
+from ..observability import tracing
 from ..observability.metrics import METRICS
 from . import convert, validation
 from .status import status_for
@@ -84,34 +85,36 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     @functools.wraps(method)
     async def wrapper(self: AgentTxServicer, request: Any,
                       context: grpc.aio.ServicerContext) -> T:
-        record = rpc_context.begin_rpc()  # each RPC runs in its own task: a fresh context
+        record = rpc_context.begin_rpc()
         started = time.perf_counter()
         code = grpc.StatusCode.OK
         error = details = ""
-        try:
-            if isinstance(request, _Unparsable):
-                raise InvalidArgument(f"request is not a valid {request.message_type}: "
-                                      f"{request.reason}")
-            caller = await self.authenticate(context)
-            record.fields["principal"] = caller.principal
-            return await method(self, request, context, caller)
-        except AgentTxError as exc:
-            code, error = status_for(exc), str(exc)
-            details = error
-        except Exception:
-            code, error = grpc.StatusCode.INTERNAL, "internal error"
-            details = f"agenttx: internal error in {name}; see service logs"
-            log.exception("internal error", extra={"rpc": name, **record.fields})
-        finally:
-            elapsed = time.perf_counter() - started
-            METRICS.child(METRICS.rpc_duration, name, code.name).observe(elapsed)
-            fields = {"rpc": name, "code": code.name, "ms": round(elapsed * 1000, 2),
-                      "etcd_round_trips": record.etcd_round_trips, **record.fields}
-            if name in STATE_CHANGING:
-                fields["audit"] = True  # SPEC §9: who changed what, and how it ended
-            if error:
-                fields["error"] = error
-            log.info("rpc", extra=fields)
+        with tracing.rpc_span(name, context.invocation_metadata()) as span:
+            try:
+                if isinstance(request, _Unparsable):
+                    raise InvalidArgument(f"request is not a valid {request.message_type}: "
+                                          f"{request.reason}")
+                caller = await self.authenticate(context)
+                record.fields["principal"] = caller.principal
+                return await method(self, request, context, caller)
+            except AgentTxError as exc:
+                code, error = status_for(exc), str(exc)
+                details = error
+            except Exception:
+                code, error = grpc.StatusCode.INTERNAL, "internal error"
+                details = f"agenttx: internal error in {name}; see service logs"
+                log.exception("internal error", extra={"rpc": name, **record.fields})
+            finally:
+                elapsed = time.perf_counter() - started
+                tracing.set_rpc_status(span, code.name, code.value[0])
+                METRICS.child(METRICS.rpc_duration, name, code.name).observe(elapsed)
+                fields = {"rpc": name, "code": code.name, "ms": round(elapsed * 1000, 2),
+                          "etcd_round_trips": record.etcd_round_trips, **record.fields}
+                if name in STATE_CHANGING:
+                    fields["audit"] = True  # SPEC §9: who changed what, and how it ended
+                if error:
+                    fields["error"] = error
+                log.info("rpc", extra=fields)
         await context.abort(code, details)
         raise AssertionError("unreachable")  # context.abort always raises
 

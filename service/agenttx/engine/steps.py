@@ -31,6 +31,7 @@ from ..args.jsonargs import ArgumentsError, dumps, parse_arguments
 from ..args.refs import Reference, ReferenceError_, find_references, offending_step, resolve
 from ..cleaner import clean_error
 from ..errors import FailedPrecondition, NotFound, StoreUnavailable
+from ..observability import tracing
 from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.layout import Keys
@@ -143,8 +144,10 @@ class Stepper:
                     use_cache = False
                     continue
                 try:
-                    return await self._run(state, step_id, tool_name, tool, parsed, parse_error,
-                                           references, ref_steps, raw_context, fresh)
+                    with tracing.tool_span(tool_name, tx_id, step_id):
+                        return await self._run(state, step_id, tool_name, tool, parsed,
+                                               parse_error, references, ref_steps,
+                                               raw_context, fresh)
                 except Stale as stale:
                     current = stale.header
                     if current is not None and (current.next_step_id != step_id

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from .. import failpoints
 from ..errors import FailedPrecondition, NotFound
+from ..observability import tracing
 from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.layout import Keys
@@ -225,7 +226,8 @@ class Undoer:
         done: list[int] = []
         for r in records:
             try:
-                await self._undo_one(tx_id, r)
+                with tracing.undo_span(r.tool, r.step_id):
+                    await self._undo_one(tx_id, r)
             except Exception as exc:
                 errors.append(f"step {r.step_id} ({r.tool}): {_describe(exc, r)}")
                 break

@@ -26,7 +26,8 @@ import grpc
 from aetcd import rpc
 
 from ..errors import StoreError, StoreUnavailable
-from ..observability.context import count_round_trip
+from ..observability import tracing
+from ..observability.context import count_round_trip, operation_label
 
 # The typed operations live in store.ops; re-exported here for the operator and tests.
 from .ops import (  # noqa: F401
@@ -204,11 +205,12 @@ class Store:
                              success=[_pb_op(o) for o in success],
                              failure=[_pb_op(o) for o in failure])
         started = time.perf_counter()
-        try:
-            resp = await self.client.kvstub.Txn(req, timeout=self.timeout)
-        except Exception as exc:  # translated: callers see only domain errors
-            count_round_trip(what, time.perf_counter() - started)
-            raise translate(exc, what) from exc
+        with tracing.etcd_span(operation_label(what)):
+            try:
+                resp = await self.client.kvstub.Txn(req, timeout=self.timeout)
+            except Exception as exc:  # translated: callers see only domain errors
+                count_round_trip(what, time.perf_counter() - started)
+                raise translate(exc, what) from exc
         count_round_trip(what, time.perf_counter() - started)
         results: list[list[KeyValue] | None] = []
         for r in resp.responses:
