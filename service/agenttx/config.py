@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     etcd_ca_file: str | None = Field(None, description="CA bundle for TLS to etcd")
     etcd_cert_file: str | None = Field(None, description="client certificate for etcd mTLS")
     etcd_key_file: str | None = Field(None, description="client key for etcd mTLS")
+    etcd_tls_server_name: str | None = Field(
+        None, description="name to verify etcd's certificates against (default: the "
+        "endpoint's host; the first one's when several IP endpoints are given)")
     etcd_max_txn_ops: int = Field(
         1024, ge=16, description="etcd --max-txn-ops of the cluster; bounds a transaction's "
         "write set (the embedded etcd is started with it)")

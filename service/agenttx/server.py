@@ -157,7 +157,8 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
         log.info("started embedded etcd (development only; use --etcd-endpoints in production)",
                  extra={"endpoints": endpoints, "data_dir": str(data_dir / "etcd")})
     store = connect(endpoints, timeout=settings.etcd_timeout_s, ca_file=settings.etcd_ca_file,
-                    cert_file=settings.etcd_cert_file, key_file=settings.etcd_key_file)
+                    cert_file=settings.etcd_cert_file, key_file=settings.etcd_key_file,
+                    tls_server_name=settings.etcd_tls_server_name)
     authenticator = Authenticator.from_settings(settings, store=store)
     credentials = server_credentials_from_settings(settings)
     keys = Keys(settings.etcd_prefix)

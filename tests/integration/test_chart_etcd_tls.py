@@ -173,6 +173,22 @@ async def test_the_services_client_connects_with_the_chart_certificate(cluster: 
         await store.close()
 
 
+async def test_several_ip_endpoints_with_tls_verify_against_the_first_host(cluster: Cluster) -> None:
+    """An `ipv4:a,b,c` target names no host; the client checks the first endpoint's."""
+    wait_ready(cluster)
+    e = cluster.service_env
+    mounted = {k: v.replace("/etc/agenttx/etcd-tls", str(cluster.client_certs))
+               for k, v in (("ca_file", e["AGENTTX_ETCD_CA_FILE"]),
+                            ("cert_file", e["AGENTTX_ETCD_CERT_FILE"]),
+                            ("key_file", e["AGENTTX_ETCD_KEY_FILE"])) if v}
+    store = connect([f"127.0.0.1:{m.client}" for m in cluster.members], timeout=5.0, **mounted)
+    try:
+        await store.put(b"/chart-tls/ips", b"value")
+        assert (await store.get(b"/chart-tls/ips")).value == b"value"
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("who", ["no client certificate", "another release's certificate"])
 async def test_etcd_refuses_other_clients(cluster: Cluster, who: str) -> None:
     wait_ready(cluster)

@@ -135,16 +135,23 @@ class EtcdClient(aetcd.Client):
         ca_file: str | None = None,
         cert_file: str | None = None,
         key_file: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         super().__init__(timeout=timeout)  # type: ignore[arg-type]
         self.endpoints = list(endpoints)
         self.target = _target(self.endpoints)
         self._tls = (ca_file, cert_file, key_file)
+        # The name TLS checks etcd's certificates against. An `ipv4:a,b` target names no
+        # host, so without an override gRPC cannot verify any member: default to the
+        # first endpoint's host (its certificate — or a shared one — must carry it).
+        if tls_server_name is None and self.target.startswith("ipv4:") and len(self.endpoints) > 1:
+            tls_server_name = _clean(self.endpoints[0]).rsplit(":", 1)[0]
+        self._tls_server_name = tls_server_name
 
     async def connect(self) -> None:  # overrides aetcd's single-host connect
         if self._connected.is_set():
             return
-        options = [
+        options: list[tuple[str, int | str]] = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_time_ms", 10_000),
@@ -160,6 +167,8 @@ class EtcdClient(aetcd.Client):
                 private_key=pathlib.Path(key).read_bytes() if key else None,
                 certificate_chain=pathlib.Path(cert).read_bytes() if cert else None,
             )
+            if self._tls_server_name:
+                options.append(("grpc.ssl_target_name_override", self._tls_server_name))
             self.channel = grpc.aio.secure_channel(target, creds, options=options)
         else:
             self.channel = grpc.aio.insecure_channel(target, options=options)
@@ -313,6 +322,8 @@ class Store:
 
 
 def connect(endpoints: Sequence[str], *, timeout: float = 5.0, ca_file: str | None = None,
-            cert_file: str | None = None, key_file: str | None = None) -> Store:
+            cert_file: str | None = None, key_file: str | None = None,
+            tls_server_name: str | None = None) -> Store:
     return Store(EtcdClient(endpoints, timeout=timeout, ca_file=ca_file, cert_file=cert_file,
-                            key_file=key_file), timeout=timeout)
+                            key_file=key_file, tls_server_name=tls_server_name),
+                 timeout=timeout)
