@@ -379,7 +379,7 @@ def print_report(r: dict[str, Any]) -> None:
 
 def run_all(ns: argparse.Namespace, target: str, endpoint: str | None,
             pid: int | None) -> dict[str, Any]:
-    show = not ns.json
+    show = True  # progress goes to stderr; --json keeps stdout for the report
     report: dict[str, Any] = {"target": target}
     if ns.baseline and endpoint:
         progress("baseline: raw etcd CAS and an empty gRPC call", show)
