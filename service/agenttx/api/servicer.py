@@ -89,7 +89,8 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
         error = details = ""
-        with tracing.rpc_span(name, context.invocation_metadata()) as span:
+        with tracing.rpc_span(name, context.invocation_metadata
+                              if tracing.enabled() else None) as span:
             try:
                 if isinstance(request, _Unparsable):
                     raise InvalidArgument(f"request is not a valid {request.message_type}: "
@@ -132,7 +133,7 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
     async def authenticate(self, context: grpc.aio.ServicerContext) -> Caller:
         """Who is calling (SPEC §9): UNAUTHENTICATED without valid credentials, then
         RESOURCE_EXHAUSTED past the principal's request rate."""
-        if self.authenticator is None:
+        if self.authenticator is None or self.authenticator.mode.value == "none":
             return ANONYMOUS
         principal = await self.authenticator.authenticate_call(context)
         if self.rate is not None:

@@ -119,15 +119,14 @@ class Stepper:
         parsed, parse_error = await _parse(arguments_json)
         references = find_references(parsed) if parsed is not None else []
         ref_steps = {r.step for r in references if r.step is not None}
-        prefetch = self._prefetch(tool, parsed)
         fresh = is_custom_saga(tool)
         note(tx=tx_id, step=step_id, tool=tool_name)
         async with self.txs.locked(tx_id):
             use_cache = not fresh
             for _ in range(MAX_ATTEMPTS):
                 cached = self.txs.get(tx_id) if use_cache else None
-                state = cached or await self.loader.for_step(tx_id, ref_steps, prefetch,
-                                                             use_cache=False)
+                state = cached or await self.loader.for_step(
+                    tx_id, ref_steps, self._prefetch(tool, parsed), use_cache=False)
                 try:
                     require_owner(state, caller)
                     state = await self.undoer.settle(state)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -113,13 +113,16 @@ def _span(name: str, kind: str, attributes: Mapping[str, Any],
             raise
 
 
-def rpc_span(method: str, metadata: Iterable[tuple[str, Any]] | None) -> Any:
-    """The server span of one AgentTx RPC, continuing the caller's trace if it sent one."""
+def rpc_span(method: str, metadata: Callable[[], Iterable[tuple[str, Any]] | None] | None
+             ) -> Any:
+    """The server span of one AgentTx RPC, continuing the caller's trace if it sent one
+    (`metadata` is called only when tracing is on)."""
     if _state["tracer"] is None:
         return _NULL
     from opentelemetry.propagate import extract
 
-    carrier = {k.lower(): v for k, v in (metadata or ()) if isinstance(v, str)}
+    pairs = metadata() if metadata is not None else None
+    carrier = {k.lower(): v for k, v in (pairs or ()) if isinstance(v, str)}
     return _span(f"{SERVICE}/{method}", "SERVER",
                  {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method},
                  parent=extract(carrier))
