@@ -195,7 +195,9 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
                     ttl_s=settings.leader_ttl_s,
                     fs_roots=lambda: [fs_root, *policies.sandbox_roots()])
     background = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
-                  asyncio.create_task(reaper.run(), name="reaper")]
+                  asyncio.create_task(reaper.run(), name="reaper"),
+                  asyncio.create_task(engine.committer.retention.keep_fresh(),
+                                      name="retention-lease")]
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),

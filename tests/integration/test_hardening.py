@@ -328,3 +328,33 @@ def test_health_is_not_serving_when_etcd_cannot_be_reached_with_a_wrong_ca(
         assert svc.health() == "NOT_SERVING"
     finally:
         svc.stop()
+
+
+@pytest.mark.timeout(90)
+def test_an_idempotency_key_is_free_again_after_the_retention_window(etcd, scratch, sandbox):
+    svc = ServiceProcess("retention", etcd_endpoints=etcd.endpoints,
+                         prefix=f"/agenttx-ret-{uuid.uuid4().hex[:6]}", fs_root=str(sandbox),
+                         workdir=scratch / "retention",
+                         extra_args=["--effect-key-retention-s", "2"]).start()
+    try:
+        key = f"ret-{uuid.uuid4().hex[:8]}"
+        first = Agent(svc.stub)
+        output(first.step("effect.stage", {"channel": "log", "idempotency_key": key}))
+        assert first.commit().committed
+        again = Agent(svc.stub)
+        resp = again.step("effect.stage", {"channel": "log", "idempotency_key": key})
+        assert resp.error_category == "unique_violation"   # within the window
+        deadline = time.monotonic() + 30   # retention 2 s + one 1 s bucket, on etcd's clock
+        again.rollback()
+        while True:
+            attempt = Agent(svc.stub)  # a fresh transaction each time: no retry budget spent
+            resp = attempt.step("effect.stage", {"channel": "log", "idempotency_key": key})
+            if resp.status == pb.STEP_STATUS_SUCCESS:
+                break
+            assert resp.error_category == "unique_violation"
+            attempt.rollback()
+            assert time.monotonic() < deadline, "the key never expired"
+            time.sleep(0.5)
+        assert attempt.commit().committed
+    finally:
+        svc.stop()

@@ -16,6 +16,7 @@ window (SPEC §6) on a shared lease (`RetentionLease`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -42,7 +43,8 @@ DIAGNOSE_BATCH = 100
 class RetentionLease:
     """One etcd lease shared by the idempotency keys committed in a time bucket, so a
     commit never grants a lease of its own: keys live between `retention_s` and
-    `retention_s + bucket` after their commit, then etcd deletes them."""
+    `retention_s + bucket` after their commit, then etcd deletes them. `keep_fresh`
+    (a background task) grants the next lease before commits need it."""
 
     def __init__(self, store: KeyValueStore, retention_s: int) -> None:
         self.store = store
@@ -51,12 +53,28 @@ class RetentionLease:
         self._lease = 0
         self._granted_at = 0.0
 
+    def _fresh(self) -> bool:
+        return bool(self._lease) and time.monotonic() - self._granted_at <= self.bucket_s
+
     async def lease_id(self) -> int:
-        if not self._lease or time.monotonic() - self._granted_at > self.bucket_s:
-            lease, _ = await self.store.grant_lease(self.retention_s + self.bucket_s,
-                                                    what="lease retention")
-            self._lease, self._granted_at = lease, time.monotonic()
+        if not self._fresh():
+            await self.renew()
         return self._lease
+
+    async def renew(self) -> None:
+        lease, _ = await self.store.grant_lease(self.retention_s + self.bucket_s,
+                                                what="lease retention")
+        self._lease, self._granted_at = lease, time.monotonic()
+
+    async def keep_fresh(self) -> None:
+        """Renew a little before each bucket ends; etcd outages are retried."""
+        while True:
+            try:
+                if not self._lease or time.monotonic() - self._granted_at > self.bucket_s * 0.8:
+                    await self.renew()
+            except Exception as exc:  # a commit will grant one itself if it must
+                log.warning("retention lease renewal failed", extra={"error": str(exc)})
+            await asyncio.sleep(max(0.5, self.bucket_s * 0.1))
 
 
 class Committer:
