@@ -196,5 +196,7 @@ class Loader:
 
 
 def _cost(state: TxState) -> int:
-    return 512 + 256 * (len(state.entries) + len(state.records)) + \
+    """Approximate bytes a cached state holds (outputs and fs undo images dominate)."""
+    images = sum(len(r.fs.previous or b"") for r in state.records.values() if r.fs is not None)
+    return 512 + 256 * (len(state.entries) + len(state.records)) + images + \
         sum(len(repr(o)) for o in state.outputs.values())

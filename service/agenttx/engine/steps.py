@@ -334,7 +334,9 @@ class Stepper:
         if changes.lock_new is not None:
             self.data.remember(changes.lock_new, KeyValue(changes.lock_new, tx.encode(), rev,
                                                           rev, 0))
-        self.txs.grow(tx, state, 256 * (len(changes.entries) + 1) + 2 * len(output_json))
+        undo_image = len(record.fs.previous or b"") if record.fs is not None else 0
+        self.txs.grow(tx, state, 256 * (len(changes.entries) + 1) + 2 * len(output_json)
+                      + undo_image)
 
     async def _rename_failed(self, state: TxState, record: StepRecord, header: TxHeader,
                              rev: int, attempt: _Attempt, exc: OSError) -> StepOutcome:
