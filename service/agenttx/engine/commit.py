@@ -165,7 +165,8 @@ class Committer:
             else:
                 from .state import to_json
 
-                self.data.remember(dk, KeyValue(dk, to_json(w.doc), revision, revision, 0))
+                self.data.remember(dk, KeyValue(dk, w.raw or to_json(w.doc), revision,
+                                                revision, 0))
 
     async def _conflicts(self, state: TxState) -> list[str]:
         """Name the keys whose revision moved since the transaction observed them."""

@@ -261,7 +261,7 @@ def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0)
             compares.append(cmp_mod(dk, entry.observed))
         w = entry.state.write
         if w is not None:
-            writes.append(Delete(dk) if w.deleted else Put(dk, to_json(w.doc)))
+            writes.append(Delete(dk) if w.deleted else Put(dk, w.raw or to_json(w.doc)))
     success: list[Op] = writes
     for key, value in snap.outbox:
         success.append(Put(key, value))

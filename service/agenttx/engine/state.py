@@ -149,6 +149,9 @@ class Buffered:
     deleted: bool
     doc: Any = None
     size: int = 0
+    # `doc` encoded, as the step that buffered it encoded it (not stored: derived), so a
+    # commit from this replica's cache does not encode every write again.
+    raw: bytes = field(default=b"", compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

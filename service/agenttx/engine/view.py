@@ -198,7 +198,8 @@ class StepView:
         dk = self.keys.kv(key)
         ws, _ = await self._current(dk, kv_data_id(key), need_value=False)
         doc = {"value": value}
-        self._set(dk, ws, Buffered(False, doc, len(dumps(doc).encode())), "put")
+        raw = dumps(doc).encode()
+        self._set(dk, ws, Buffered(False, doc, len(raw), raw), "put")
 
     async def kv_delete(self, key: str) -> bool:
         existed, _ = await self.kv_get(key)
@@ -224,7 +225,8 @@ class StepView:
         dk = self.keys.record(table, record_id)
         ws, _ = await self._current(dk, rec_data_id(table, record_id), need_value=False)
         doc = {"fields": fields}
-        self._set(dk, ws, Buffered(False, doc, len(dumps(doc).encode())), "put")
+        raw = dumps(doc).encode()
+        self._set(dk, ws, Buffered(False, doc, len(raw), raw), "put")
 
     # ---- effects -----------------------------------------------------------------------
 
