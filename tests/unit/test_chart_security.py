@@ -489,6 +489,33 @@ def test_no_auth_must_be_acknowledged(chart: helm_python.Chart,
     assert (s.auth, s.allow_unauthenticated) == ("none", True)
 
 
+def test_admins_reach_the_service_as_its_admin_setting(chart: helm_python.Chart,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = "system:serviceaccount:agenttx-system:ops"
+    oncall = "spiffe://cluster.local/ns/sre/sa/oncall"
+    dep = one(render(chart, {"auth": {"admins": [ops, oncall]}}), "Deployment", "agenttx")
+    assert env(container(dep, "agenttx"))["AGENTTX_AUTH_ADMINS"] == f"{ops},{oncall}"
+    assert service_settings(dep, monkeypatch).admins() == frozenset({ops, oncall})
+
+
+def test_no_admins_by_default(chart: helm_python.Chart,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = one(render(chart), "Deployment", "agenttx")
+    assert "AGENTTX_AUTH_ADMINS" not in env(container(dep, "agenttx"))
+    assert service_settings(dep, monkeypatch).admins() == frozenset()
+
+
+@pytest.mark.parametrize("admins", [["a,b"], [""], [" ops"], ["ops "], ["ops", "ops"], "ops",
+                                    [7]])
+def test_schema_rejects_admins_the_service_would_split_or_trim(chart: helm_python.Chart,
+                                                             admins: Any) -> None:
+    """A comma would split one principal into two, surrounding spaces would be trimmed
+    away: the list must reach `--auth-admins` exactly as written."""
+    with pytest.raises(helm_python.HelmError):
+        chart.validate_schema({"auth": {"admins": admins}})
+    chart.validate_schema({"auth": {"admins": ["CN with spaces", "system:serviceaccount:a:b"]}})
+
+
 def test_token_auth_needs_its_secret(chart: helm_python.Chart) -> None:
     with pytest.raises(helm_python.HelmError, match="set auth.token.secretName"):
         render(chart, {"auth": {"mode": "token"}})
