@@ -644,6 +644,53 @@ def test_tls_readiness_probe_runs_the_shipped_script(chart: helm_python.Chart) -
     assert find(render(chart), "ConfigMap", "agenttx-probe") == []  # plaintext: not needed
 
 
+# ---- the Tiltfile's dev loop ------------------------------------------------------------
+
+def tiltfile_dev_values() -> dict[str, Any]:
+    """The Tiltfile's DEV_VALUES (`helm --set` strings), parsed by Helm's own parser."""
+    import ast
+
+    from support.chart import ROOT
+
+    tree = ast.parse((ROOT / "Tiltfile").read_text())  # Starlark: Python syntax here
+    (node,) = [n.value for n in tree.body if isinstance(n, ast.Assign)
+               and [getattr(t, "id", "") for t in n.targets] == ["DEV_VALUES"]]
+    values: dict[str, Any] = {}
+    for expression in ast.literal_eval(node):  # one `--set` each, as Tilt passes them
+        values = _merge(values, helm_python.parse_set_string(expression))
+    return values
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Later `--set` keys into earlier ones (what Helm's strvals.ParseInto does)."""
+    out = dict(into)
+    for key, value in new.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(
+            out.get(key), dict) else value
+    return out
+
+
+def test_the_dev_loop_keeps_authentication_and_drops_only_etcd_tls(
+        chart: helm_python.Chart, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tilt up` runs the chart's security defaults except the bundled etcd's TLS (Tilt's
+    `helm template` would mint new etcd certificates on every run), and its dev
+    ServiceAccount is an admin."""
+    from support.chart import validate
+
+    docs = render(chart, tiltfile_dev_values())
+    for doc in docs:
+        validate(doc)
+    s = service_settings(one(docs, "Deployment", "agenttx"), monkeypatch)
+    assert (s.auth, s.auth_k8s_audience) == ("kubernetes", "agenttx")
+    assert s.admins() == frozenset({"system:serviceaccount:default:agenttx-dev"})
+    assert s.etcd_ca_file is None and s.etcd_cert_file is None
+    assert etcd_args(docs)["listen-client-urls"] == "http://0.0.0.0:2379"
+    assert find(docs, "Secret") == []  # nothing generated, so nothing changes per run
+    assert {p["metadata"]["name"] for p in find(docs, "NetworkPolicy")} == {
+        "agenttx", "agenttx-etcd", "agenttx-operator"}
+    assert find(docs, "ClusterRole", ISSUER_DISCOVERY)  # the operator publishes the keys
+
+
 # ---- what helm install prints ----------------------------------------------------------
 
 def test_install_notes_tell_agents_how_to_authenticate(chart: helm_python.Chart) -> None:
