@@ -7,6 +7,10 @@ at import or collection time.
 Environment: AGENTTX_E2E_CLUSTER (kind cluster name, default agenttx-e2e; reused when it
 exists), AGENTTX_E2E_KEEP=1 (keep a cluster this run created), AGENTTX_E2E_NAMESPACE
 (release namespace).
+
+The chart runs with `auth.mode=kubernetes`: `agent_token` is a ServiceAccount token
+(audience `agenttx`) of the test's own namespace, so that namespace's policies apply to
+the calls made with it (SPEC §9 policy scope).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 from e2e_cluster import (
+    AGENT,
     Cluster,
     create_cluster,
     docker_reachable,
@@ -24,6 +29,17 @@ from e2e_cluster import (
     opted_in,
     teardown,
 )
+
+# pyproject's `timeout = 300` is per test, and the first e2e test also pays for the
+# session's setup: a kind cluster, a docker build, `helm install --wait`. The waits in the
+# tests are bounded by their own deadlines (e2e_cluster.wait_for).
+E2E_TIMEOUT_S = 3600
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +70,11 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def agent_token(cluster: Cluster, namespace: str) -> str:
+    """A token of ServiceAccount `agent` in the test's namespace: the principal
+    system:serviceaccount:<namespace>:agent."""
+    cluster.service_account(AGENT, namespace)
+    return cluster.token(AGENT, namespace)

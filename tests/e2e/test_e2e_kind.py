@@ -2,6 +2,10 @@
 with the real gRPC client: a policy's rollback settings and sandbox take effect, change
 with the policy, and go away with it.
 
+The chart authenticates (`auth.mode=kubernetes`), so every call carries the token of a
+ServiceAccount in the policy's own namespace: policies apply only to principals of
+their namespace (SPEC §9).
+
 The policy's effect is read from the first failing step's strategy: `kv.get` of a missing
 key fails with no dependency to jump to, so with the server default (max_local_depth=3)
 the strategy is LOCAL_BACKTRACK, with maxLocalDepth 0 a GLOBAL_RESET, and with
@@ -15,9 +19,8 @@ import time
 import uuid
 from typing import Any
 
-import grpc
 import pytest
-from e2e_cluster import RELEASE, SYSTEM_NS, Cluster, wait_for
+from e2e_cluster import RELEASE, SYSTEM_NS, Cluster, service_channel, wait_for
 
 from agenttx._proto import agenttx_pb2 as pb
 from agenttx._proto import agenttx_pb2_grpc as pb_grpc
@@ -71,7 +74,7 @@ def eventually_strategy(stub: pb_grpc.AgentTxServiceStub, agent_id: str, want: i
 
 
 def test_policy_rollback_settings_follow_create_update_delete(
-        cluster: Cluster, namespace: str) -> None:
+        cluster: Cluster, namespace: str, agent_token: str) -> None:
     prefix = f"e2e-{uuid.uuid4().hex[:8]}-"
     name = "strict"
     cluster.apply(policy(name, {"priority": 100, "selector": {"agentIdPrefix": prefix},
@@ -80,7 +83,7 @@ def test_policy_rollback_settings_follow_create_update_delete(
     assert body["status"]["observedGeneration"] == 1
     assert body["status"]["conditions"][0]["reason"] == "Published"
 
-    with cluster.port_forward() as port, grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+    with service_channel(cluster, agent_token) as ch:
         stub = pb_grpc.AgentTxServiceStub(ch)
         # Selected agents get the policy; others keep the server defaults.
         eventually_strategy(stub, prefix + "agent", RESET)
@@ -98,7 +101,8 @@ def test_policy_rollback_settings_follow_create_update_delete(
         eventually_strategy(stub, prefix + "agent", LOCAL)
 
 
-def test_policy_sandbox_is_mounted_used_and_removed(cluster: Cluster, namespace: str) -> None:
+def test_policy_sandbox_is_mounted_used_and_removed(cluster: Cluster, namespace: str,
+                                                   agent_token: str) -> None:
     prefix = f"sbx-{uuid.uuid4().hex[:8]}-"
     name = "sandboxed"
     # kind's default StorageClass ("standard", local-path) provisions ReadWriteOnce only;
@@ -117,7 +121,7 @@ def test_policy_sandbox_is_mounted_used_and_removed(cluster: Cluster, namespace:
     assert mount in mount_paths(cluster)
 
     contents = f"written at {time.time()}"
-    with cluster.port_forward() as port, grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+    with service_channel(cluster, agent_token) as ch:
         stub = pb_grpc.AgentTxServiceStub(ch)
         tx = stub.BeginTransaction(pb.BeginTransactionRequest(agent_id=prefix + "a"),
                                    timeout=10)

@@ -489,6 +489,33 @@ def test_no_auth_must_be_acknowledged(chart: helm_python.Chart,
     assert (s.auth, s.allow_unauthenticated) == ("none", True)
 
 
+def test_admins_reach_the_service_as_its_admin_setting(chart: helm_python.Chart,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = "system:serviceaccount:agenttx-system:ops"
+    oncall = "spiffe://cluster.local/ns/sre/sa/oncall"
+    dep = one(render(chart, {"auth": {"admins": [ops, oncall]}}), "Deployment", "agenttx")
+    assert env(container(dep, "agenttx"))["AGENTTX_AUTH_ADMINS"] == f"{ops},{oncall}"
+    assert service_settings(dep, monkeypatch).admins() == frozenset({ops, oncall})
+
+
+def test_no_admins_by_default(chart: helm_python.Chart,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = one(render(chart), "Deployment", "agenttx")
+    assert "AGENTTX_AUTH_ADMINS" not in env(container(dep, "agenttx"))
+    assert service_settings(dep, monkeypatch).admins() == frozenset()
+
+
+@pytest.mark.parametrize("admins", [["a,b"], [""], [" ops"], ["ops "], ["ops", "ops"], "ops",
+                                    [7]])
+def test_schema_rejects_admins_the_service_would_split_or_trim(chart: helm_python.Chart,
+                                                             admins: Any) -> None:
+    """A comma would split one principal into two, surrounding spaces would be trimmed
+    away: the list must reach `--auth-admins` exactly as written."""
+    with pytest.raises(helm_python.HelmError):
+        chart.validate_schema({"auth": {"admins": admins}})
+    chart.validate_schema({"auth": {"admins": ["CN with spaces", "system:serviceaccount:a:b"]}})
+
+
 def test_token_auth_needs_its_secret(chart: helm_python.Chart) -> None:
     with pytest.raises(helm_python.HelmError, match="set auth.token.secretName"):
         render(chart, {"auth": {"mode": "token"}})
@@ -615,6 +642,53 @@ def test_tls_readiness_probe_runs_the_shipped_script(chart: helm_python.Chart) -
     script = one(docs, "ConfigMap", "agenttx-probe")["data"]["tls_health_probe.py"]
     assert script == (CHART / "files" / "probes" / "tls_health_probe.py").read_text().rstrip("\n")
     assert find(render(chart), "ConfigMap", "agenttx-probe") == []  # plaintext: not needed
+
+
+# ---- the Tiltfile's dev loop ------------------------------------------------------------
+
+def tiltfile_dev_values() -> dict[str, Any]:
+    """The Tiltfile's DEV_VALUES (`helm --set` strings), parsed by Helm's own parser."""
+    import ast
+
+    from support.chart import ROOT
+
+    tree = ast.parse((ROOT / "Tiltfile").read_text())  # Starlark: Python syntax here
+    (node,) = [n.value for n in tree.body if isinstance(n, ast.Assign)
+               and [getattr(t, "id", "") for t in n.targets] == ["DEV_VALUES"]]
+    values: dict[str, Any] = {}
+    for expression in ast.literal_eval(node):  # one `--set` each, as Tilt passes them
+        values = _merge(values, helm_python.parse_set_string(expression))
+    return values
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Later `--set` keys into earlier ones (what Helm's strvals.ParseInto does)."""
+    out = dict(into)
+    for key, value in new.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(
+            out.get(key), dict) else value
+    return out
+
+
+def test_the_dev_loop_keeps_authentication_and_drops_only_etcd_tls(
+        chart: helm_python.Chart, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tilt up` runs the chart's security defaults except the bundled etcd's TLS (Tilt's
+    `helm template` would mint new etcd certificates on every run), and its dev
+    ServiceAccount is an admin."""
+    from support.chart import validate
+
+    docs = render(chart, tiltfile_dev_values())
+    for doc in docs:
+        validate(doc)
+    s = service_settings(one(docs, "Deployment", "agenttx"), monkeypatch)
+    assert (s.auth, s.auth_k8s_audience) == ("kubernetes", "agenttx")
+    assert s.admins() == frozenset({"system:serviceaccount:default:agenttx-dev"})
+    assert s.etcd_ca_file is None and s.etcd_cert_file is None
+    assert etcd_args(docs)["listen-client-urls"] == "http://0.0.0.0:2379"
+    assert find(docs, "Secret") == []  # nothing generated, so nothing changes per run
+    assert {p["metadata"]["name"] for p in find(docs, "NetworkPolicy")} == {
+        "agenttx", "agenttx-etcd", "agenttx-operator"}
+    assert find(docs, "ClusterRole", ISSUER_DISCOVERY)  # the operator publishes the keys
 
 
 # ---- what helm install prints ----------------------------------------------------------
