@@ -29,9 +29,13 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         default = field.default if field.default is not None else "unset"
         if name == "effect_channels":
             default = "{}"
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
-                            help=f"{field.description} (env AGENTTX_{name.upper()}; "
-                            f"default {default})")
+        flag = f"--{name.replace('_', '-')}"
+        help_text = f"{field.description} (env AGENTTX_{name.upper()}; default {default})"
+        if field.annotation is bool:  # `--allow-unauthenticated` or `... false`
+            parser.add_argument(flag, dest=name, default=None, nargs="?", const="true",
+                                metavar="true|false", help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=help_text)
 
 
 def settings_from_args(ns: argparse.Namespace) -> Settings:

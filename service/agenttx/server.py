@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .api.servicer import AgentTxServicer, add_to_server
-from .auth import Authenticator, RateLimiter, server_credentials_from_settings
+from .auth import Authenticator, RateLimiter, check_listen_allowed, server_credentials_from_settings
 from .config import Settings
 from .effects.channels import ChannelRegistry
 from .effects.outbox import Dispatcher
@@ -145,6 +145,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
                 stop: asyncio.Event | None = None) -> int:
     """Run one replica until SIGTERM/SIGINT (or until `stop` is set, when given: how a
     test runs a replica in its own event loop)."""
+    check_listen_allowed(settings.listen, settings.auth, settings.allow_unauthenticated)
     tracing.setup()  # off unless the OTEL_* environment configures an exporter
     embedded: EmbeddedEtcd | None = None
     endpoints = settings.endpoints()
@@ -156,6 +157,17 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
         endpoints = embedded.endpoints
         log.info("started embedded etcd (development only; use --etcd-endpoints in production)",
                  extra={"endpoints": endpoints, "data_dir": str(data_dir / "etcd")})
+    try:
+        return await _serve_on(settings, endpoints, data_dir, ready, stop)
+    finally:
+        # also when start-up fails (bad settings): never leave an embedded etcd behind
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+            log.info("stopped")
+
+
+async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.Path,
+                    ready: asyncio.Event | None, stop: asyncio.Event | None) -> int:
     store = connect(endpoints, timeout=settings.etcd_timeout_s, ca_file=settings.etcd_ca_file,
                     cert_file=settings.etcd_cert_file, key_file=settings.etcd_key_file,
                     tls_server_name=settings.etcd_tls_server_name)
@@ -254,8 +266,6 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
     if metrics_server is not None:
         metrics_server.shutdown()
     await store.close()
-    if embedded is not None:
-        await asyncio.to_thread(embedded.stop)
     log.info("stopped")
     return 0
 

@@ -54,6 +54,45 @@ def test_serve_without_endpoints_starts_and_stops_an_embedded_etcd(scratch, tmp_
     assert "embedded etcd" in proc.stderr.read()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--listen", "0.0.0.0:{port}"], "--allow-unauthenticated"),
+    (["--auth", "token", "--auth-tokens-file", "{missing}"], "tokens"),
+])
+def test_bad_security_settings_refuse_to_start_and_leave_no_etcd_behind(tmp_path, args, message):
+    port = free_port()
+    argv = [a.format(port=port, missing=tmp_path / "missing.json") for a in args]
+    if "--listen" not in argv:
+        argv += ["--listen", f"127.0.0.1:{port}"]
+    before = set(_etcd_processes())
+    run = subprocess.run([sys.executable, "-m", "agenttx", "serve", "--data-dir",
+                          str(tmp_path / "state"), *argv],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "invalid settings" in run.stderr and message in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    assert set(_etcd_processes()) <= before  # no orphaned embedded etcd
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], False), (["--allow-unauthenticated"], True),
+    (["--allow-unauthenticated", "true"], True), (["--allow-unauthenticated", "false"], False),
+])
+def test_boolean_settings_work_as_bare_flags_or_with_a_value(argv, expected):
+    import argparse
+
+    from agenttx.cli import _add_settings_flags, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    _add_settings_flags(parser)
+    settings = settings_from_args(parser.parse_args(["--listen", "0.0.0.0:1", *argv]))
+    assert settings.allow_unauthenticated is expected
+
+
+def _etcd_processes() -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,comm"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()[1:] if "etcd" in line.split()[1]]
+
+
 def _stub(address: str):
     from agenttx._proto import agenttx_pb2_grpc as pb_grpc
 
