@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -729,6 +730,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from", dest="source", type=pathlib.Path, metavar="JSON",
                         help="draw a run saved with --save instead of running one")
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("matplotlib") is None:  # fail before a minute of workload
+        parser.error("needs matplotlib: .venv/bin/pip install matplotlib")
     rec = Recording.load(args.source) if args.source else record(args)
     if args.save:
         rec.save(args.save)
