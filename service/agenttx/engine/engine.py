@@ -217,6 +217,7 @@ class Engine:
                 abort = not to_step
                 order = [i for i in reversed(h.live) if abort or i >= (to_step or 0)]
                 records = await self.loader.records(state, order)
+                started = time.perf_counter()
                 try:
                     result = await self.undoer.run(state, records,
                                                    Target(to_step or 0, abort, False),
@@ -225,7 +226,9 @@ class Engine:
                     use_cache = False
                     continue
                 note(undone=result.done, errors=result.errors)
-                METRICS.rollbacks.labels("manual" if to_step else "abort").inc()
+                strategy = "manual" if to_step else "abort"
+                METRICS.rollbacks.labels(strategy).inc()
+                METRICS.rollback_duration.labels(strategy).observe(time.perf_counter() - started)
                 if result.errors:
                     assert result.header is not None
                     return RollbackOutcome(False, result.header.next_step_id, len(result.done),
