@@ -110,7 +110,8 @@ class ReplicaPresence:
     async def _register(self) -> None:
         lease = await self.store.client.lease(self.ttl_s)
         self.lease_id = lease.id
-        await self.store.put(self.keys.replica(self.replica_id), b"alive", lease=lease.id)
+        await self.store.put(self.keys.replica(self.replica_id), b"alive", lease=lease.id,
+                             what="replica presence")
 
     async def _loop(self) -> None:
         while True:

@@ -449,6 +449,7 @@ class Stepper:
                 result.header.next_step_id
             outcome.compensation_errors = result.errors
             outcome.context_reset = False
+            note(strategy=Strategy.MANUAL.value, compensation_errors=result.errors)
         elif plan.strategy is Strategy.ABORT:
             outcome.status, outcome.abort_reason = "FAILED", plan.abort_reason
             METRICS.transactions_ended.labels("failed").inc()
