@@ -55,9 +55,11 @@ def plot(report: dict[str, Any], path: str | pathlib.Path) -> None:
         ax.set_xticks(range(len(ps)), [f"p = {p:g}" for p in ps])
         ax.set_ylabel(unit)
         ax.grid(axis="y", alpha=0.3)
-    axes.flat[0].legend(fontsize=8, loc="lower left")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(systems), fontsize=9,
+               bbox_to_anchor=(0.5, 0.955), frameon=False)
     fig.suptitle(f"Agent outcomes under per-call faults: {report['tasks']} tasks, "
                  f"seed {report['seed']} (dotted: AgentTx targets at p = 0.3)", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=110)
     plt.close(fig)
