@@ -40,6 +40,7 @@ from .faults import Fault, FaultSchedule
 from .inject import AgentTxEnv, DirectEnv, FaultEnv, Injector
 from .receiver import Receiver
 from .records import SYSTEMS, BenchRun, RunRecord
+from .state import State
 
 T = TypeVar("T")
 
@@ -110,10 +111,6 @@ class Bench:
 
     # ---- one run -------------------------------------------------------------------------
 
-    def _namespace(self) -> str:
-        self._n += 1
-        return f"run{self._n:04d}/"
-
     def _seed_agenttx(self, task: tasks.Task) -> None:
         """The initial state, committed in one setup transaction through the service."""
         self.agenttx_env.ready()
@@ -139,31 +136,43 @@ class Bench:
                 return
             time.sleep(0.05)
 
-    def run_task(self, index: int, system: str, p: float,
-                 faults: dict[int, Fault]) -> RunRecord:
-        ns = self._namespace()
-        task = tasks.build(index, ns)
-        env: FaultEnv
+    def new_task(self, index: int) -> tasks.Task:
+        """Task `index` of the suite in a namespace no other run has used."""
+        self._n += 1
+        return tasks.build(index, f"run{self._n:04d}/")
+
+    def set_up(self, task: tasks.Task, system: str) -> FaultEnv:
+        """Write the task's initial state for `system`; the fault environment to use."""
         if system == "agenttx":
             self._seed_agenttx(task)
-            env, root, keys = self.agenttx_env, self.service.fs_root, self.agenttx_keys
+            return self.agenttx_env
+        self.run(self.direct.seed(task.initial))
+        return self.direct_env
+
+    def agent(self, system: str) -> AgentTxAgent | NaiveRetryAgent | RestartAgent:
+        return self.agenttx_agent if system == "agenttx" else self.baselines[system]
+
+    def read_back(self, task: tasks.Task, system: str) -> State:
+        """What the run left committed (for AgentTx: once every effect was delivered)."""
+        if system == "agenttx":
+            self._settle()
+            root, keys = self.service.fs_root, self.agenttx_keys
         else:
-            self.run(self.direct.seed(task.initial))
-            env, root, keys = self.direct_env, self.direct.fs_root, self.direct.keys
+            root, keys = self.direct.fs_root, self.direct.keys
+        return self.run(read_state(self.store, keys, pathlib.Path(root), self.receiver,
+                                   task.ns, task.tables))
+
+    def run_task(self, index: int, system: str, p: float,
+                 faults: dict[int, Fault]) -> RunRecord:
+        task = self.new_task(index)
+        env = self.set_up(task, system)
         env.ready()
         injector = Injector(task, faults, env)
         started = time.perf_counter()
-        result: AgentRun
-        if system == "agenttx":
-            result = self.agenttx_agent.run(task, injector)
-        else:
-            result = self.baselines[system].run(task, injector)
+        result: AgentRun = self.agent(system).run(task, injector)
         wall = time.perf_counter() - started
-        if system == "agenttx":
-            self._settle()
-        final = self.run(read_state(self.store, keys, pathlib.Path(root), self.receiver, ns,
-                                    task.tables))
-        verdict = oracle.judge(final, oracle.expect(task, injector.externals), ns)
+        final = self.read_back(task, system)
+        verdict = oracle.judge(final, oracle.expect(task, injector.externals), task.ns)
         return RunRecord(task.name, system, p, verdict.outcome.value, verdict.final_sha256,
                          verdict.expected_sha256, result.steps, round(wall, 4),
                          verdict.duplicate_effects, verdict.leaked_effects,
