@@ -1,6 +1,7 @@
 """`agenttx bench outcomes`: task outcomes with AgentTx and without it, under seeded faults.
 
     agenttx bench outcomes --tasks N --p P [--p P ...] --seed S [--json] [--plot PATH]
+                           [--out PATH] [--quiet]
 
 Starts its own etcd and two `agenttx serve` replicas on loopback, runs the suite's first
 N tasks fault-free and at every fault rate P on three systems (agenttx, naive_retry,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -52,6 +54,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="fault schedule seed (default 1)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     p.add_argument("--plot", metavar="PATH", help="write the figure as a PNG (needs matplotlib)")
+    p.add_argument("--out", metavar="PATH", help="also write the JSON report to PATH")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
 
@@ -68,6 +71,9 @@ def main(argv: Sequence[str]) -> int:
         from .plot import plot
 
         plot(report, ns.plot)
+    if ns.out:
+        pathlib.Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(ns.out).write_text(json.dumps(report, indent=2) + "\n")
     if ns.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -94,8 +94,9 @@ def table(report: dict[str, Any]) -> str:
             for r in report["results"]]
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c)
               for i, c in enumerate(_COLUMNS)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]
     ff = ", ".join(f"{r['system']} {r['success']}/{r['tasks']} correct in {r['steps']} steps"
                    for r in report["fault_free"])
     head = (f"agent outcomes: {report['tasks']} tasks, seed {report['seed']}, "
