@@ -183,6 +183,9 @@ class AgentTxAgent:
                     tx, pos = again, again.next_step_id - 1
                     outputs = {k: v for k, v in outputs.items() if task.index_of(k) < pos}
                 continue
+            except AgentTxError as exc:  # an answer the agent has no plan for: stop cleanly
+                self._abort(tx, f"unexpected {exc.code.name}")
+                return AgentRun(steps, False, f"{exc.code.name}: {exc.details}")
             constraints = r.constraints
             if r.ok:
                 outputs[op.label] = r.output

@@ -1,6 +1,7 @@
 """What one benchmark run produced: a record per (task, system, fault rate) run.
 
-Kept apart so the report (pure) can be built and tested from records alone.
+Kept apart so the report (pure) can be built and tested from records alone. Plain data,
+no I/O.
 """
 
 from __future__ import annotations
