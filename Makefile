@@ -1,6 +1,6 @@
 # AgentTx developer targets. `make serve` and `make test` are the README's two set-up
 # commands; both create .venv on first use (scripts/bootstrap.sh).
-.PHONY: venv serve test unit integration lint proto proto-check bench e2e chart-crds clean
+.PHONY: venv serve test unit integration lint proto proto-check bench bench-outcomes e2e chart-crds clean
 
 venv:
 	@scripts/bootstrap.sh
@@ -34,6 +34,12 @@ proto-check: venv
 
 bench: venv
 	.venv/bin/agenttx bench
+
+# Agent outcomes with and without AgentTx under seeded faults (docs/benchmarks.md, "Agent
+# outcomes"): the table on stdout, the figure in docs/images/, the JSON in .agenttx/.
+bench-outcomes: venv
+	.venv/bin/agenttx bench outcomes --tasks 30 --p 0.1 --p 0.3 --p 0.5 --seed 1 \
+	  --plot docs/images/outcomes.png --out .agenttx/outcomes.json
 
 # Opt-in end-to-end tests on a kind cluster (needs docker, kind, kubectl, helm).
 e2e: venv

@@ -1,0 +1,122 @@
+"""The outcomes benchmark's fault schedule: deterministic per seed, nested across rates,
+only where a fault can happen, and each garbled call fails the real argument checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agenttx.args.jsonargs import ArgumentsError, parse_arguments
+from agenttx.outcomes import tasks
+from agenttx.outcomes.faults import (
+    GARBLES,
+    FaultKind,
+    FaultSchedule,
+    applicable,
+    garble,
+    typo,
+    with_wrong_value,
+)
+from agenttx.outcomes.oracle import ModelError, apply, expect
+from agenttx.outcomes.plan import encode, render_local
+from agenttx.tools.base import ToolError, validate_arguments
+from agenttx.tools.builtin import KvPut, RecordInsert
+
+SUITE = tasks.suite(30)
+
+
+def schedule_of(s: FaultSchedule) -> dict[str, dict[int, tuple[str, int]]]:
+    return {t.name: {i: (f.kind.value, f.variant) for i, f in s.for_task(t.name).items()}
+            for t in SUITE}
+
+
+def test_the_same_seed_gives_the_same_fault_schedule():
+    a, b = FaultSchedule(7, 0.3, SUITE), FaultSchedule(7, 0.3, tasks.suite(30))
+    assert schedule_of(a) == schedule_of(b)
+    assert schedule_of(a)["order-00"] == schedule_of(b)["order-00"]
+
+
+def test_another_seed_gives_another_schedule():
+    assert schedule_of(FaultSchedule(7, 0.3, SUITE)) != schedule_of(FaultSchedule(8, 0.3, SUITE))
+
+
+def test_the_schedule_does_not_depend_on_the_run_namespace():
+    here = FaultSchedule(7, 0.3, tasks.suite(30, "run0001/"))
+    assert schedule_of(here) == schedule_of(FaultSchedule(7, 0.3, SUITE))
+
+
+def test_faults_at_a_lower_rate_are_a_subset_of_those_at_a_higher_one():
+    low, mid, high = (schedule_of(FaultSchedule(3, p, SUITE)) for p in (0.1, 0.3, 0.5))
+    for name in low:
+        assert low[name].items() <= mid[name].items() <= high[name].items()
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_the_share_of_faulty_calls_is_close_to_p(p):
+    suite = tasks.suite(600)
+    calls = sum(len(t.ops) for t in suite)
+    faults = len(FaultSchedule(11, p, suite).all())
+    assert abs(faults / calls - p) < 0.03
+
+
+def test_every_fault_is_one_that_can_happen_at_its_call_and_every_kind_occurs():
+    s = FaultSchedule(1, 0.5, SUITE)
+    by_name = {t.name: t for t in SUITE}
+    for f in s.all():
+        assert f.kind in applicable(by_name[f.task], f.op_index)
+    assert all(n > 0 for n in s.counts().values()), s.counts()
+    assert set(s.counts()) == {k.value for k in FaultKind}
+
+
+def test_no_faults_at_rate_zero():
+    assert FaultSchedule(1, 0.0, SUITE).all() == []
+
+
+@pytest.mark.parametrize("variant, message", [
+    (0, "unknown field `kye`, expected one of `key`, `value`"),
+    (1, "EOF while parsing an object at line 1 column 28"),
+    (2, "missing field `key`"),
+])
+def test_a_garbled_call_fails_the_real_argument_checks(variant, message):
+    text = encode({"key": "run0001/a", "value": 1})
+    bad = garble(text, variant)
+    with pytest.raises((ArgumentsError, ToolError)) as err:
+        validate_arguments(parse_arguments(bad), KvPut.fields)
+    assert str(err.value) == message
+    assert GARBLES[variant]
+
+
+def test_a_garbled_first_argument_of_a_record_insert_is_named():
+    text = encode({"table": "orders", "id": "run0001/o-1", "fields": {}})
+    with pytest.raises(ToolError) as err:
+        validate_arguments(parse_arguments(garble(text, 0)), RecordInsert.fields)
+    assert str(err.value).startswith("unknown field `tbale`")
+
+
+def test_a_mistyped_id_is_no_id_of_the_suite():
+    assert typo("run0001/c-3") == "run0001/cc-3"
+    ids: set[str] = set()
+    for t in tasks.suite(30, "run0001/"):
+        exp = expect(t)
+        ids |= {rid for _, rid in exp.primary.rows} | set(exp.primary.kv)
+    assert not {typo(i) for i in ids} & ids
+
+
+@pytest.mark.parametrize("task", [t for t in SUITE if any(op.wrong for op in t.ops)],
+                         ids=lambda t: t.name)
+def test_a_wrong_value_is_found_later_as_a_missing_row(task):
+    """Every `wrong` op feeds a later op that fails on the mistyped id (FK or lookup)."""
+    state, outputs = task.initial.copy(), {}
+    found = None
+    poisoned = False
+    for op in task.ops:
+        text = encode(render_local(op.args, outputs))
+        if op.wrong and not poisoned:
+            text, poisoned = with_wrong_value(text, op.wrong), True
+        try:
+            outputs[op.label] = apply(state, op.tool, json.loads(text))
+        except ModelError as exc:
+            found = str(exc)
+            break
+    assert found is not None and ("not in" in found or "no row" in found), found
