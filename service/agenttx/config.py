@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     effect_claim_s: float = Field(30.0, gt=0, description="how long a committing replica owns "
                                   "delivery of its effects before the dispatcher may retry them")
     effect_poll_s: float = Field(1.0, gt=0, description="dispatcher scan interval")
+    temp_sweep_s: float = Field(600.0, gt=0, description="how often the reaper leader sweeps "
+                                "fs.write temp files whose step is gone")
+    temp_min_age_s: float = Field(300.0, ge=10, description="a temp file younger than this is "
+                                  "never swept (it may belong to a step in flight; keep it well "
+                                  "above --etcd-timeout-s)")
     replica_id: str | None = Field(None, description="this replica's id (default: host-pid)")
     grace_period_s: float = Field(20.0, ge=0, description="SIGTERM: time to drain in-flight RPCs")
     log_format: str = Field("json", description="json or text")

@@ -206,7 +206,8 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     presence.start()
     reaper = Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s,
                     ttl_s=settings.leader_ttl_s,
-                    fs_roots=lambda: [fs_root, *policies.sandbox_roots()])
+                    fs_roots=lambda: [fs_root, *policies.sandbox_roots()],
+                    temp_sweep_s=settings.temp_sweep_s, temp_min_age_s=settings.temp_min_age_s)
     background = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
                   asyncio.create_task(reaper.run(), name="reaper"),
                   asyncio.create_task(engine.committer.retention.keep_fresh(),

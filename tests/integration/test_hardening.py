@@ -280,14 +280,17 @@ def test_temp_files_whose_step_is_gone_are_swept(etcd, scratch, sandbox):
     os.utime(stray, (old, old))
     fresh = root / f".other.txt.agenttx-{uuid.uuid4()}-1-{'cd' * 6}.tmp"
     fresh.write_text("a step in flight right now")
+    restore = root / f".x.txt.agenttx-restore-{'ef' * 6}.tmp"
+    restore.write_text("an undo's restore cut short")
+    os.utime(restore, (old, old))
     svc = ServiceProcess("sweeper", etcd_endpoints=etcd.endpoints,
                          prefix=f"/agenttx-sweep-{uuid.uuid4().hex[:8]}", fs_root=str(root),
                          workdir=scratch / "sweeper").start()
     try:
         deadline = time.monotonic() + 30
-        while stray.exists() and time.monotonic() < deadline:
+        while (stray.exists() or restore.exists()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not stray.exists()
+        assert not stray.exists() and not restore.exists()
         assert fresh.exists()  # too young to be a leftover
     finally:
         svc.stop()

@@ -105,6 +105,14 @@ def temp_name(target: pathlib.Path, tx_id: str, step_id: int, attempt: str) -> p
                             f"{attempt}.tmp")
 
 
+RESTORE_PATTERN = re.compile(r"\.agenttx-restore-[0-9a-f]{12}\.tmp$")
+
+
+def is_restore_temp(name: str) -> bool:
+    """A temp file of an undo's restore (renamed at once: any old one is a leftover)."""
+    return RESTORE_PATTERN.search(name) is not None
+
+
 def parse_temp(name: str) -> tuple[str, int, str] | None:
     """(transaction id, step id, attempt) of a temp file name, or None."""
     m = TEMP_PATTERN.search(name)

@@ -40,7 +40,7 @@ class Reaper:
                  default_idle_timeout_s: int, *, ttl_s: int = 10,
                  interval_s: float | None = None,
                  fs_roots: Callable[[], Iterable[str]] = lambda: (),
-                 temp_sweep_s: float = 600.0) -> None:
+                 temp_sweep_s: float = 600.0, temp_min_age_s: float = TEMP_MIN_AGE_S) -> None:
         self.engine, self.store, self.keys = engine, store, keys
         self.default_idle_timeout_s = default_idle_timeout_s
         self.lease = LeaderLease(store, keys.leader("reaper"), replica_id, ttl_s=ttl_s,
@@ -49,6 +49,7 @@ class Reaper:
             5.0, max(0.2, default_idle_timeout_s / 10))
         self.fs_roots = fs_roots
         self.temp_sweep_s = temp_sweep_s
+        self.temp_min_age_s = temp_min_age_s
         self._last_temp_sweep = 0.0
 
     async def run(self) -> None:
@@ -111,7 +112,12 @@ class Reaper:
         that transaction's header marks exactly that write as pending."""
         removed = 0
         for root in dict.fromkeys(self.fs_roots()):
-            found = await asyncio.to_thread(_temp_files, root, time.time() - TEMP_MIN_AGE_S)
+            found, restores = await asyncio.to_thread(_temp_files, root,
+                                                      time.time() - self.temp_min_age_s)
+            for path in restores:  # an undo's restore renames its temp file at once
+                with contextlib.suppress(FileNotFoundError):
+                    await asyncio.to_thread(os.unlink, path)
+                    removed += 1
             if not found:
                 continue
             headers = await self.store.get_many(
@@ -129,14 +135,19 @@ class Reaper:
         return removed
 
 
-def _temp_files(root: str, older_than: float) -> list[tuple[str, tuple[str, int, str]]]:
+def _temp_files(root: str, older_than: float
+                ) -> tuple[list[tuple[str, tuple[str, int, str]]], list[str]]:
+    """Old fs.write temp files (with their transaction, step, attempt) and old restore
+    temp files under `root`."""
     out: list[tuple[str, tuple[str, int, str]]] = []
+    restores: list[str] = []
     if not os.path.isdir(root):
-        return out
+        return out, restores
     for directory, _, files in os.walk(root):
         for name in files:
             parsed = sandbox.parse_temp(name)
-            if parsed is None:
+            restore = parsed is None and sandbox.is_restore_temp(name)
+            if parsed is None and not restore:
                 continue
             path = os.path.join(directory, name)
             try:
@@ -144,5 +155,8 @@ def _temp_files(root: str, older_than: float) -> list[tuple[str, tuple[str, int,
                     continue
             except FileNotFoundError:
                 continue
-            out.append((path, parsed))
-    return out
+            if parsed is not None:
+                out.append((path, parsed))
+            else:
+                restores.append(path)
+    return out, restores
