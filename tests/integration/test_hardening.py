@@ -124,6 +124,13 @@ def own_etcd(scratch: pathlib.Path) -> Iterator[EmbeddedEtcd]:
     server.stop()
 
 
+def _outage(etcd: EmbeddedEtcd, seconds: float) -> None:
+    """etcd goes down now (SIGKILL: calls are refused, none is queued) and comes back on
+    its data dir after `seconds`."""
+    etcd.kill(0)
+    threading.Timer(seconds, etcd.restart, (0,)).start()
+
+
 def _pause(etcd: EmbeddedEtcd, seconds: float) -> None:
     """SIGSTOP etcd now and SIGCONT it after `seconds` (an outage that loses nothing)."""
     pid = etcd.members[0].process.pid
@@ -141,7 +148,7 @@ async def test_a_delivery_confirmed_while_etcd_is_down_is_never_sent_again(
     def pause_then_answer(handler):  # etcd goes away right as the receiver says 200
         if not paused.is_set():
             paused.set()
-            _pause(own_etcd, 10.0)
+            _outage(own_etcd, 10.0)
         original(handler)
 
     webhook.server.RequestHandlerClass.do_POST = pause_then_answer
@@ -161,20 +168,24 @@ async def test_a_delivery_confirmed_while_etcd_is_down_is_never_sent_again(
         assert commit.committed
         store = connect(own_etcd.endpoints, timeout=2)
         try:
+            def retired() -> int:
+                return sum(e.get("msg") == "retired a delivered effect after etcd returned"
+                           for e in svc.logs())
+
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 try:
-                    if not await store.get_prefix(b"/agenttx-fx/outbox/"):
+                    if retired() == len(keys) and \
+                            not await store.get_prefix(b"/agenttx-fx/outbox/"):
                         break
-                except Exception:  # etcd still paused
+                except Exception:  # etcd still down
                     pass
                 time.sleep(0.2)
             assert await store.get_prefix(b"/agenttx-fx/outbox/") == []
+            assert retired() == len(keys)  # each confirmed delivery retired, none re-sent
         finally:
             await store.close()
         assert {k: webhook.keys()[k] for k in keys} == {k: 1 for k in keys}
-        assert any(e.get("msg") == "retired a delivered effect after etcd returned"
-                   for e in svc.logs())
     finally:
         svc.stop()
 
