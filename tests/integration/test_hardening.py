@@ -62,7 +62,7 @@ def test_a_mib_of_hostile_arguments_fails_cleanly_while_health_keeps_answering(r
     finally:
         done.set()
         thread.join()
-    assert answered and max(answered) < 1.0, max(answered)
+    assert answered and max(answered) < 2.0, max(answered)  # the old parser: minutes
 
 
 def test_a_repeated_key_is_a_duplicate_field(agent):
