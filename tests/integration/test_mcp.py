@@ -49,15 +49,6 @@ def _wait(cond: Any, timeout: float = 20.0, what: str = "condition") -> None:
 
 
 @pytest.fixture(scope="module")
-def hooks() -> Iterator[WebhookReceiver]:
-    rx = WebhookReceiver()
-    rx.thread.start()
-    yield rx
-    rx.server.shutdown()
-    rx.server.server_close()
-
-
-@pytest.fixture(scope="module")
 def svc(etcd, scratch, sandbox, hooks) -> Iterator[ServiceProcess]:
     channels = {"hooks": {"kind": "webhook", "url": hooks.url, "timeout_s": 2}}
     proc = ServiceProcess("mcp-svc", etcd_endpoints=etcd.endpoints,

@@ -36,7 +36,6 @@ from agenttx._proto import agenttx_pb2_grpc as pb_grpc
 from agenttx.observability import metrics as m
 from agenttx.store.embedded import free_port
 from agenttx.tools.registry import ToolRegistry
-from support.receivers import WebhookReceiver
 from support.rpc import expect_error
 from support.service import Agent, ServiceProcess
 
@@ -92,15 +91,6 @@ def wait_for(what: str, cond: Callable[[], bool], timeout: float = 30.0) -> None
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
-
-
-@pytest.fixture(scope="module")
-def hooks() -> Iterator[WebhookReceiver]:
-    rx = WebhookReceiver()
-    rx.thread.start()
-    yield rx
-    rx.server.shutdown()
-    rx.server.server_close()
 
 
 @pytest.fixture(scope="module")

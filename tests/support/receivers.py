@@ -58,6 +58,16 @@ def webhook() -> Iterator[WebhookReceiver]:
     rx.server.server_close()
 
 
+@pytest.fixture(scope="module")
+def hooks() -> Iterator[WebhookReceiver]:
+    """One webhook receiver shared by a test module."""
+    rx = WebhookReceiver()
+    rx.thread.start()
+    yield rx
+    rx.server.shutdown()
+    rx.server.server_close()
+
+
 class SmtpSink:
     def __init__(self) -> None:
         self.envelopes: list[Any] = []

@@ -31,6 +31,7 @@ from .cache import DataCache, TxCache, TxState
 from .model import Caller, CommitOutcome
 from .ops import CommitSnapshot, commit_plan, is_data_key
 from .snapshot import Loader, not_found
+from .state import to_json
 from .steps import require_active, require_owner
 from .undo import Stale, Target, Undoer
 
@@ -163,8 +164,6 @@ class Committer:
             if w.deleted:
                 self.data.remember(dk, None)
             else:
-                from .state import to_json
-
                 self.data.remember(dk, KeyValue(dk, w.raw or to_json(w.doc), revision,
                                                 revision, 0))
 

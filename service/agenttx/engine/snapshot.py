@@ -141,14 +141,13 @@ class Loader:
             return [decode_step(kv.value) for kv in got.values() if kv is not None]
         wanted = set(steps)
         out: list[StepRecord] = []
+        last = max(steps)
         async for page in self.store.pages(keys.steps_prefix(tx_id),
                                            start=keys.step(tx_id, min(steps)),
                                            page_size=RECORDS_PAGE, what="load"):
-            for kv in page:
-                record = decode_step(kv.value)
-                if record.step_id in wanted:
-                    out.append(record)
-            if page and decode_step(page[-1].value).step_id >= max(steps):
+            records = [decode_step(kv.value) for kv in page]
+            out += [r for r in records if r.step_id in wanted]
+            if records and records[-1].step_id >= last:
                 break
         return out
 

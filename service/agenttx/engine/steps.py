@@ -62,6 +62,7 @@ from .state import (
     Touched,
     TxHeader,
     UndoImage,
+    decode_step,
 )
 from .undo import Stale, Target, Undoer
 from .view import StepView
@@ -356,8 +357,6 @@ class Stepper:
 
     async def _recorded(self, tx_id: str, step_id: int, attempt: str) -> bool:
         """After an ambiguous CAS: is the step record there, and is it this attempt's?"""
-        from .state import decode_step
-
         try:
             kv = await self.store.get(self.keys.step(tx_id, step_id), what="load")
         except StoreUnavailable:

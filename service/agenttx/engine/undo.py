@@ -35,7 +35,7 @@ from ..store.ops import Compare, KeyValueStore, TxnResult
 from ..tools.registry import ToolRegistry
 from . import sandbox
 from .cache import DataCache, TxCache, TxState
-from .ops import TxnPlan, abort_plan, read_back_keys, rollback_plan
+from .ops import TxnPlan, abort_plan, read_back_keys, rollback_plan, undone_entries
 from .snapshot import Loader, not_found
 from .state import (
     ACTIVE,
@@ -207,8 +207,6 @@ class Undoer:
         if not rev or self.txs.get(tx) is not state:
             self.txs.evict(tx)
             return
-        from .ops import undone_entries
-
         state.header, state.rev = header, rev
         for dk, entry in {**(observations or {}), **undone_entries(done)}.items():
             state.entries[dk] = entry

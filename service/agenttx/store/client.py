@@ -196,9 +196,6 @@ def translate(exc: BaseException, what: str) -> Exception:
     return StoreError(f"etcd {what} failed: {type(exc).__name__}")
 
 
-_translate = translate  # the name store.lease imported before
-
-
 class Store:
     """Typed reads and guarded writes over one EtcdClient."""
 
