@@ -12,7 +12,9 @@ around it is what a real agent needs:
   plan, in order;
 - `Conflict` at commit means another agent changed the same data first: the transaction
   is gone, so redo the whole task in a new one, reading the data afresh;
-- `OutcomeUnknown` means an answer was lost: never resend blindly, look at `.state`;
+- `OutcomeUnknown` means an answer was lost and the client could not prove the call had
+  not applied (a step it could prove that for, it re-sent itself): never resend blindly,
+  look at `.state`;
 - step numbers shift when a repair inserts steps, so the plan names the steps it refers
   to (`${steps.{order}.id}`) and the loop fills in the number at send time.
 """

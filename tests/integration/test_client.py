@@ -4,7 +4,8 @@ What a user of the client sees: a `with` block that commits when it ends normall
 aborts (files restored on disk) when it ends by an exception; failed steps as results
 carrying category, hint and strategy; the step id tracked for them; typed errors whose
 `.code` is the gRPC status; a commit conflict raising `Conflict` with the transaction
-gone; a lost answer to a step or commit reported as `OutcomeUnknown`, never retried.
+gone; a lost answer to a commit, or to a step that applied, reported as `OutcomeUnknown`,
+never retried; a client given several replicas moving on when one dies.
 """
 
 from __future__ import annotations
@@ -314,6 +315,40 @@ def test_a_commit_on_a_replica_that_dies_reports_the_failed_reread(etcd, scratch
         assert not tx.finished
     finally:
         svc.stop()
+
+
+# ---- several replicas: the client moves on when one dies -----------------------------------
+
+def test_a_client_given_both_replicas_carries_a_transaction_across_their_deaths(
+        etcd, scratch, sandbox, uniq):
+    prefix = f"/agenttx-pair-{uniq}"
+    a, b = (ServiceProcess(f"client-pair-{n}", etcd_endpoints=etcd.endpoints, prefix=prefix,
+                           fs_root=str(sandbox), workdir=scratch / f"client-pair-{n}-{uniq}")
+            for n in "ab")
+    with a.start(), b.start(), Client([a.target, b.target], timeout=10) as client:
+        tx = client.begin()
+        assert tx.step("kv.put", {"key": f"pair-{uniq}", "value": 1}).ok
+        assert client.target == a.target
+        a.kill()
+        # the call to the dead replica fails; the client re-reads on b, sees step 2 did not
+        # apply, and re-sends it there: the agent sees one successful step
+        r = tx.step("kv.put", {"key": f"pair-{uniq}", "value": 2})
+        assert (r.ok, r.step_id, r.next_step_id) == (True, 2, 3)
+        assert (client.target, client.resent_steps) == (b.target, 1)
+        a.start()
+        b.kill()
+        r = tx.step("fs.write", {"path": f"pair-{uniq}.txt", "contents": "both"})
+        assert (r.ok, r.step_id, client.target, client.resent_steps) == (True, 3, a.target, 2)
+        assert tx.get().next_step_id == 4  # every step applied exactly once
+        assert tx.commit().steps_committed == 3
+        assert _committed_value(client, f"pair-{uniq}") == 2
+        assert (sandbox / f"pair-{uniq}.txt").read_text() == "both"
+
+
+def test_a_target_list_must_name_a_replica():
+    for bad in ([], [""], ["127.0.0.1:1", " "]):
+        with pytest.raises(ValueError, match="non-empty list"):
+            Client(bad)
 
 
 # ---- listing -----------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """The client's transport: TLS with a private CA, mTLS, the bearer token, and which
-calls it retries.
+calls it retries or re-sends.
 
-The service does not terminate TLS itself yet (SPEC §9 lands separately), so a real gRPC
-server sits in front of the real replica and forwards every call unchanged, recording
-the metadata and the client certificate it saw; it can also answer UNAVAILABLE to the
-first calls of a method, the way a restarting replica does. The client talks to it
-exactly as it will to a replica.
+A real gRPC server sits in front of the real replica and forwards every call unchanged,
+recording the metadata and the client certificate it saw (what the replica itself sees
+is covered by test_security.py). It can also answer UNAVAILABLE to the next calls of a
+method without forwarding them, the way a restarting replica does, or forward them and
+then answer UNAVAILABLE, the way a connection that breaks after the work was done does.
+The client talks to it exactly as it will to a replica.
 """
 
 from __future__ import annotations
@@ -72,12 +73,14 @@ class Pki:
 
 class Front(grpc.GenericRpcHandler):
     """A real gRPC server forwarding raw requests to the replica (TLS when given a Pki).
-    `fail[method] = n` answers the next n calls of `method` UNAVAILABLE instead."""
+    `fail[method] = n` answers the next n calls of `method` UNAVAILABLE instead;
+    `lose[method] = n` forwards them and then answers UNAVAILABLE (the answer is lost)."""
 
     def __init__(self, upstream: str, pki: Pki | None = None) -> None:
         self.channel = grpc.insecure_channel(upstream)
         self.seen: list[dict[str, Any]] = []
         self.fail: dict[str, int] = {}
+        self.lose: dict[str, int] = {}
         self.lock = threading.Lock()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         self.server.add_generic_rpc_handlers((self,))
@@ -110,13 +113,19 @@ class Front(grpc.GenericRpcHandler):
                 failing = self.fail.get(name, 0) > 0
                 if failing:
                     self.fail[name] -= 1
+                losing = not failing and self.lose.get(name, 0) > 0
+                if losing:
+                    self.lose[name] -= 1
             if failing:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "front: replica restarting")
             try:
-                return forward(request, timeout=context.time_remaining())  # type: ignore[no-any-return]
+                answer = forward(request, timeout=context.time_remaining())
             except grpc.RpcError as err:
                 context.abort(err.code(), err.details() or "")
                 raise
+            if losing:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "front: connection reset")
+            return answer  # type: ignore[no-any-return]
 
         return grpc.unary_unary_rpc_method_handler(handle)
 
@@ -203,8 +212,45 @@ def test_reads_are_retried_while_the_service_is_unavailable(plain_front, uniq):
         tx.rollback()
 
 
-def test_steps_commits_and_rollbacks_are_never_retried(plain_front, uniq):
+def test_a_lost_step_the_reread_clears_is_resent_once(plain_front, uniq):
     with Client(f"127.0.0.1:{plain_front.port}") as client:
+        tx = client.begin()
+        plain_front.fail["ExecuteStep"] = 1  # refused before it reached the replica
+        r = tx.step("kv.put", {"key": f"resend-{uniq}", "value": 1})
+        assert (r.ok, r.step_id, r.next_step_id) == (True, 1, 2)
+        assert plain_front.calls("ExecuteStep") == 2 and client.resent_steps == 1
+        assert client.get(tx.id).next_step_id == 2  # applied once
+        tx.commit()
+
+
+def test_a_lost_step_that_applied_is_not_resent(plain_front, uniq):
+    with Client(f"127.0.0.1:{plain_front.port}") as client:
+        tx = client.begin()
+        plain_front.lose["ExecuteStep"] = 1  # applied, then the answer was lost
+        with pytest.raises(OutcomeUnknown) as err:
+            tx.step("kv.put", {"key": f"applied-{uniq}", "value": 1})
+        assert plain_front.calls("ExecuteStep") == 1 and client.resent_steps == 0
+        assert "the re-read shows next_step_id 2: the step applied" in err.value.details
+        assert "it was not retried" in err.value.details
+        assert tx.next_step_id == 2
+        tx.rollback()
+
+
+def test_a_lost_failure_with_a_new_hint_is_not_resent(plain_front, uniq):
+    with Client(f"127.0.0.1:{plain_front.port}") as client:
+        tx = client.begin()
+        plain_front.lose["ExecuteStep"] = 1  # it failed (LOCAL_BACKTRACK): next step unchanged
+        with pytest.raises(OutcomeUnknown) as err:
+            tx.step("kv.get", {"key": f"missing-{uniq}"})
+        assert plain_front.calls("ExecuteStep") == 1 and client.resent_steps == 0
+        state = err.value.state
+        assert state is not None and state.next_step_id == 1
+        assert [c for c in state.constraints if f"missing-{uniq}" in c]  # the lost hint, re-read
+        tx.rollback()
+
+
+def test_resending_can_be_turned_off(plain_front, uniq):
+    with Client(f"127.0.0.1:{plain_front.port}", resend_lost_steps=False) as client:
         tx = client.begin()
         plain_front.fail["ExecuteStep"] = 1
         with pytest.raises(OutcomeUnknown) as step:
@@ -213,6 +259,27 @@ def test_steps_commits_and_rollbacks_are_never_retried(plain_front, uniq):
         assert step.value.code == grpc.StatusCode.UNAVAILABLE
         assert step.value.state is not None and step.value.state.next_step_id == 1
         assert "the step did not apply" in step.value.details  # the front never forwarded it
+        assert tx.step("kv.put", {"key": f"once-{uniq}", "value": 1}).step_id == 1
+        tx.rollback()
+
+
+async def test_the_async_client_resends_a_cleared_step_too(plain_front, uniq):
+    async with AsyncClient(f"127.0.0.1:{plain_front.port}") as client:
+        tx = await client.begin()
+        plain_front.fail["ExecuteStep"] = 1
+        r = await tx.step("kv.put", {"key": f"aresend-{uniq}", "value": 1})
+        assert (r.ok, r.next_step_id, client.resent_steps) == (True, 2, 1)
+        assert plain_front.calls("ExecuteStep") == 2
+        plain_front.lose["ExecuteStep"] = 1
+        with pytest.raises(OutcomeUnknown) as err:
+            await tx.step("kv.put", {"key": f"aresend2-{uniq}", "value": 2})
+        assert "the step applied" in err.value.details and client.resent_steps == 1
+        await tx.rollback()
+
+
+def test_commits_and_rollbacks_are_never_retried(plain_front, uniq):
+    with Client(f"127.0.0.1:{plain_front.port}") as client:
+        tx = client.begin()
         assert tx.step("kv.put", {"key": f"once-{uniq}", "value": 1}).step_id == 1
 
         plain_front.fail["CommitTransaction"] = 1

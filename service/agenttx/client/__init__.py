@@ -21,9 +21,12 @@ Asyncio: `AsyncClient`, `async with aclient.transaction(...) as tx: await tx.ste
 Errors derive from `AgentTxError` (`.code` is a `grpc.StatusCode`): `Conflict` for a lost
 commit race (the transaction is gone afterwards), `NotFound`, `FailedPrecondition`,
 `InvalidArgument`, `Unavailable`, `Unauthenticated`, `ResourceExhausted`, `Internal`, …
-A step, commit or rollback is never retried; when its answer is lost (UNAVAILABLE,
-DEADLINE_EXCEEDED) the client re-reads the transaction and raises `OutcomeUnknown`
-carrying what it saw. Reads are retried with backoff.
+When an answer is lost (UNAVAILABLE, DEADLINE_EXCEEDED) the client re-reads the
+transaction: a step the re-read proves did not apply is re-sent once (the step id makes
+a second application impossible); a commit, a rollback, or a step that may have applied
+is never retried and raises `OutcomeUnknown` carrying what the re-read saw. Reads are
+retried with backoff. `Client([...])` with one target per replica moves to the next
+replica when one stops answering.
 
 This package is the public surface; it must not leak generated protobuf types.
 """

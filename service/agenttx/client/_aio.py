@@ -1,11 +1,13 @@
 """`AsyncClient` and `AsyncTransaction`: the asyncio front end (grpc.aio), with the same
-surface and the same rules as the blocking one (`_sync`): never retry a step, commit or
-rollback; leaving an `async with` block by an exception aborts the transaction.
+surface and the same rules as the blocking one (`_sync`): never retry a commit or
+rollback, re-send a lost step only when a re-read cleared it; leaving an `async with`
+block by an exception aborts the transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -15,7 +17,7 @@ from .._proto import agenttx_pb2 as pb
 from .._proto import agenttx_pb2_grpc as pb_grpc
 from . import _core
 from ._core import TLS, TxState
-from .errors import AgentTxError, NotFound, from_rpc_error
+from .errors import AgentTxError, NotFound, OutcomeUnknown, from_rpc_error
 from .types import (
     CommitResult,
     Policy,
@@ -27,8 +29,10 @@ from .types import (
     TransactionSummary,
 )
 
+log = logging.getLogger("agenttx.client")
 
-class AsyncClient:
+
+class AsyncClient(_core.HasEndpoints):
     """The asyncio twin of `Client` (same arguments, same methods, awaited).
 
     >>> from agenttx.client import AsyncClient
@@ -37,43 +41,59 @@ class AsyncClient:
     ...         r = await tx.step("kv.put", {"key": "invoice-7", "value": 42})
     ...         assert r.ok, r.hint
 
-    The channel is opened on first use, inside the running event loop.
+    The channel is opened on first use, inside the running event loop. `target` may be a
+    list of replicas, and lost steps are re-sent, exactly as for `Client`.
     """
 
-    def __init__(self, target: str = _core.DEFAULT_TARGET, *, token: str | None = None,
-                 tls: bool | TLS | None = None, timeout: float | None = _core.DEFAULT_TIMEOUT_S,
-                 options: list[tuple[str, Any]] | None = None) -> None:
-        self.target = target
+    def __init__(self, target: str | Sequence[str] = _core.DEFAULT_TARGET, *,
+                 token: str | None = None, tls: bool | TLS | None = None,
+                 timeout: float | None = _core.DEFAULT_TIMEOUT_S,
+                 options: list[tuple[str, Any]] | None = None,
+                 resend_lost_steps: bool = True) -> None:
+        self._endpoints = _core.Endpoints(target)
         self.timeout = timeout
+        self.resend_lost_steps = resend_lost_steps
+        self.resent_steps = 0
         self._tls = _core.resolve_tls(tls)
         self._metadata = _core.call_metadata(token)
         self._options = _core.channel_options(self._tls, options or ())
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: pb_grpc.AgentTxServiceStub | None = None
+        self._channels: dict[str, tuple[grpc.aio.Channel, pb_grpc.AgentTxServiceStub]] = {}
 
     def _get_stub(self) -> pb_grpc.AgentTxServiceStub:
-        if self._stub is None:
+        target = self.target
+        if target not in self._channels:
             if self._tls is None:
-                self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+                channel = grpc.aio.insecure_channel(target, options=self._options)
             else:
-                self._channel = grpc.aio.secure_channel(self.target, self._tls.credentials(),
-                                                        options=self._options)
-            self._stub = pb_grpc.AgentTxServiceStub(self._channel)
-        return self._stub
+                channel = grpc.aio.secure_channel(target, self._tls.credentials(),
+                                                  options=self._options)
+            self._channels[target] = (channel, pb_grpc.AgentTxServiceStub(channel))
+        return self._channels[target][1]
 
     async def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         try:
             return await getattr(self._get_stub(), method)(
                 request, timeout=self.timeout if timeout is None else timeout,
                 metadata=self._metadata)
-        except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+        except grpc.RpcError as rpc_error:
+            err = from_rpc_error(rpc_error)
+        self._endpoints.after_error(err.code)
+        raise err
+
+    async def _read(self, method: str, request: Any) -> Any:
+        """A read: tried on each replica in turn while they do not answer."""
+        for left in reversed(range(len(self.targets))):
+            try:
+                return await self._call(method, request)
+            except AgentTxError as err:
+                if left == 0 or err.code not in _core.UNKNOWN_OUTCOME_CODES:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-            self._stub = None
+        channels, self._channels = list(self._channels.values()), {}
+        for channel, _ in channels:
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -97,12 +117,14 @@ class AsyncClient:
     async def attach(self, transaction_id: str, *,
                      next_step_id: int | None = None) -> AsyncTransaction:
         """An `AsyncTransaction` for an open transaction begun elsewhere."""
-        if next_step_id is None:
-            next_step_id = (await self.get(transaction_id)).next_step_id
-        return AsyncTransaction(self, transaction_id, next_step_id)
+        if next_step_id is not None:
+            return AsyncTransaction(self, transaction_id, next_step_id, hints_seen=None)
+        state = await self.get(transaction_id)
+        return AsyncTransaction(self, transaction_id, state.next_step_id,
+                                hints_seen=len(state.constraints))
 
     async def get(self, transaction_id: str) -> TransactionState:
-        resp = await self._call("GetTransaction",
+        resp = await self._read("GetTransaction",
                                 pb.GetTransactionRequest(transaction_id=transaction_id))
         return _core.transaction_state(resp)
 
@@ -115,7 +137,7 @@ class AsyncClient:
     async def list_page(self, *, page_size: int = 100, page_token: str = "",
                         status: TransactionStatus | str | None = None,
                         agent_id_prefix: str = "") -> TransactionPage:
-        resp = await self._call("ListTransactions",
+        resp = await self._read("ListTransactions",
                                 _core.list_request(page_size, page_token, status, agent_id_prefix))
         return _core.transaction_page(resp)
 
@@ -156,9 +178,10 @@ class _AsyncTransactionBlock:
 class AsyncTransaction:
     """The asyncio twin of `Transaction` (same rules; see its docstring)."""
 
-    def __init__(self, client: AsyncClient, transaction_id: str, next_step_id: int) -> None:
+    def __init__(self, client: AsyncClient, transaction_id: str, next_step_id: int, *,
+                 hints_seen: int | None = 0) -> None:
         self.client = client
-        self._state = TxState(transaction_id, next_step_id)
+        self._state = TxState(transaction_id, next_step_id, hints_seen)
 
     @property
     def id(self) -> str:
@@ -179,27 +202,47 @@ class AsyncTransaction:
         self._state.after_error(err)
         return err
 
-    async def _reread(self, rpc: str, cause: AgentTxError,
-                      step_id: int | None = None) -> AgentTxError:
+    async def _reread(self, rpc: str, cause: AgentTxError, step_id: int | None = None,
+                      resend_error: AgentTxError | None = None) -> OutcomeUnknown:
         try:
             state = await self.client.get(self.id)
         except NotFound:
-            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, ended=True)
+            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, ended=True,
+                                         resend_error=resend_error)
         except AgentTxError as err:
-            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, reread_error=err)
-        return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, state=state)
+            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, reread_error=err,
+                                         resend_error=resend_error)
+        return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, state=state,
+                                     resend_error=resend_error)
+
+    async def _resend_lost(self, request: Any, step_id: int, cause: AgentTxError,
+                           timeout: float | None) -> Any:
+        """`Transaction._resend_lost`, awaited."""
+        seen = await self._reread("ExecuteStep", cause, step_id)
+        if not (self.client.resend_lost_steps and seen.state is not None
+                and _core.may_resend(seen.state, step_id, self._state.hints_seen)):
+            raise self._fail(seen) from None
+        self.client.resent_steps += 1
+        log.info("re-sending step %d of transaction %s to %s after %s", step_id, self.id,
+                 self.client.target, cause.code.name)
+        try:
+            return await self.client._call("ExecuteStep", request, timeout)
+        except AgentTxError as again:
+            if again.code not in _core.UNKNOWN_OUTCOME_CODES | _core.MOVED_ON_CODES:
+                raise self._fail(again) from None
+            raise self._fail(await self._reread("ExecuteStep", cause, step_id, again)) from None
 
     async def step(self, tool: str, args: Mapping[str, Any] | str | None = None, *,
                    context: str = "", timeout: float | None = None) -> StepResult:
         self._state.check_open()
         step_id = self._state.next_step_id
+        request = _core.step_request(self.id, step_id, tool, args, context)
         try:
-            resp = await self.client._call(
-                "ExecuteStep", _core.step_request(self.id, step_id, tool, args, context), timeout)
+            resp = await self.client._call("ExecuteStep", request, timeout)
         except AgentTxError as err:
-            if err.code in _core.UNKNOWN_OUTCOME_CODES:
-                err = await self._reread("ExecuteStep", err, step_id)
-            raise self._fail(err) from None
+            if err.code not in _core.UNKNOWN_OUTCOME_CODES:
+                raise self._fail(err) from None
+            resp = await self._resend_lost(request, step_id, err, timeout)
         result = _core.step_result(resp, step_id, tool)
         self._state.after_step(result)
         return result

@@ -5,10 +5,15 @@ identically and only differ in how they await a call.
 Retry rules live here and in one place:
 - reads (GetTransaction, ListTransactions) are retried by gRPC itself on UNAVAILABLE, with
   exponential backoff, through the channel's service config (gRPC's retry policy, see
-  https://github.com/grpc/proposal/blob/master/A6-client-retries.md);
-- nothing else is ever retried: a step, commit or rollback that ends in UNAVAILABLE or
-  DEADLINE_EXCEEDED may have applied. The caller re-reads the transaction and raises
-  `OutcomeUnknown` with what it saw (`unknown_outcome` below builds that error).
+  https://github.com/grpc/proposal/blob/master/A6-client-retries.md), and then on each
+  other replica the client was given (`Endpoints`);
+- a step whose answer was lost (UNAVAILABLE, DEADLINE_EXCEEDED) is re-sent once, and only
+  when a re-read proves it did not apply (`may_resend`). That is safe because the service
+  applies step n only while the transaction's next step is n (SPEC §2): a re-send can never
+  apply a step twice;
+- nothing else is ever retried: a commit or rollback that ends in UNAVAILABLE or
+  DEADLINE_EXCEEDED may have applied, and so may a step the re-read cannot clear. The
+  caller raises `OutcomeUnknown` with what the re-read saw (`unknown_outcome` below).
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ DEFAULT_TIMEOUT_S = 30.0
 # 4 MiB (server.py); leave headroom both ways.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 UNKNOWN_OUTCOME_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# What a re-sent step answers when the step id has moved on meanwhile (the lost attempt
+# applied after all, or another client acted): re-read and report, as for a lost answer.
+MOVED_ON_CODES = frozenset({grpc.StatusCode.FAILED_PRECONDITION})
 
 _READ_RETRY = {
     "methodConfig": [{
@@ -63,6 +71,48 @@ _READ_RETRY = {
 
 
 # ---- connection -----------------------------------------------------------------------
+
+class Endpoints:
+    """The replicas a client may talk to and the one it talks to now.
+
+    Why the client keeps a list at all: outside a load balancer (replicas addressed one by
+    one, as on a developer machine) an agent must not have to notice that its replica
+    died. A call that ends in UNAVAILABLE or DEADLINE_EXCEEDED moves the client to the
+    next replica, so the re-read and any re-send go to one that answers. With one target
+    (a Kubernetes Service, a load balancer) nothing moves: the target itself routes.
+    """
+
+    def __init__(self, target: str | Sequence[str]) -> None:
+        targets = (target,) if isinstance(target, str) else tuple(target)
+        if not targets or not all(isinstance(t, str) and t.strip() for t in targets):
+            raise ValueError("target must be a host:port, or a non-empty list of them "
+                             f"(one per replica), not {target!r}")
+        self.all: tuple[str, ...] = targets
+        self.at = 0
+
+    @property
+    def current(self) -> str:
+        return self.all[self.at]
+
+    def after_error(self, code: grpc.StatusCode) -> None:
+        if code in UNKNOWN_OUTCOME_CODES and len(self.all) > 1:
+            self.at = (self.at + 1) % len(self.all)
+
+
+class HasEndpoints:
+    """`target` / `targets` for both clients (they set `_endpoints`)."""
+
+    _endpoints: Endpoints
+
+    @property
+    def target(self) -> str:
+        """The replica the next call goes to."""
+        return self._endpoints.current
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self._endpoints.all
+
 
 PemSource = str | os.PathLike[str] | bytes
 
@@ -230,16 +280,38 @@ def transaction_page(resp: pb.ListTransactionsResponse) -> TransactionPage:
         for t in resp.transactions), resp.next_page_token)
 
 
-# ---- outcome unknown -------------------------------------------------------------------
+# ---- lost answers ----------------------------------------------------------------------
+
+def may_resend(state: TransactionState, step_id: int, hints_seen: int | None) -> bool:
+    """Whether step `step_id`, whose answer was lost, may be sent again: the re-read
+    `state` shows the transaction open and still waiting for this very step, with no
+    hint the client had not seen.
+
+    Why the hints: a failed attempt leaves next_step_id where it was (LOCAL_BACKTRACK) but
+    appends its hint to the constraints when the hint is new, and that answer is what was
+    lost; re-sending would hide it. A failure that repeats a known hint cannot be told
+    apart from a call that never arrived; re-sending it runs one more attempt, which has
+    no effect on data either (a failed step leaves none). `hints_seen` None (unknown, e.g.
+    a transaction attached by id) never re-sends."""
+    return (hints_seen is not None and state.status is TransactionStatus.ACTIVE
+            and state.next_step_id == step_id and len(state.constraints) == hints_seen)
+
 
 def unknown_outcome(rpc: str, tx_id: str, cause: AgentTxError, *, step_id: int | None = None,
                     state: TransactionState | None = None, ended: bool = False,
-                    reread_error: AgentTxError | None = None) -> OutcomeUnknown:
+                    reread_error: AgentTxError | None = None,
+                    resend_error: AgentTxError | None = None) -> OutcomeUnknown:
     """The error for a step/commit/rollback whose result never arrived, worded from what
-    the re-read of the transaction showed."""
+    the re-read of the transaction showed. `resend_error`: the step was re-sent once and
+    that failed too (lost again, or refused because the step id had moved on)."""
     what = f"step {step_id}" if rpc == "ExecuteStep" else rpc
-    head = (f"{what} of transaction {tx_id} ended in {cause.code.name} ({cause.details}); "
-            "its outcome is unknown and it was not retried")
+    head = f"{what} of transaction {tx_id} ended in {cause.code.name} ({cause.details}); "
+    if resend_error is None:
+        head += "its outcome is unknown and it was not retried"
+    else:
+        head += (f"a re-read showed it had not applied, so it was re-sent once, which ended "
+                 f"in {resend_error.code.name} ({resend_error.details}); its outcome is "
+                 "unknown")
     if reread_error is not None:
         seen = (f"the re-read failed too ({reread_error.code.name}: {reread_error.details}); "
                 "call get() once the service is reachable")
@@ -274,10 +346,12 @@ def unknown_outcome(rpc: str, tx_id: str, cause: AgentTxError, *, step_id: int |
 class TxState:
     """Step id tracking and the end-of-block rules, with no I/O."""
 
-    def __init__(self, tx_id: str, next_step_id: int) -> None:
+    def __init__(self, tx_id: str, next_step_id: int, hints_seen: int | None = 0) -> None:
         self.id = tx_id
         self.next_step_id = next_step_id
         self.finished = False  # committed, aborted, or ended by the service
+        # How many constraints (distinct hints) the last answer carried; None: unknown.
+        self.hints_seen = hints_seen
 
     def check_open(self) -> None:
         if self.finished or self.next_step_id == 0:
@@ -285,11 +359,13 @@ class TxState:
 
     def after_step(self, result: StepResult) -> None:
         self.next_step_id = result.next_step_id
+        self.hints_seen = len(result.constraints)
         if result.ended:
             self.finished = True
 
     def after_state(self, state: TransactionState) -> None:
         self.next_step_id = state.next_step_id
+        self.hints_seen = len(state.constraints)
 
     def after_rollback(self, result: RollbackResult, to_step: int | None) -> None:
         self.next_step_id = result.next_step_id
@@ -302,7 +378,7 @@ class TxState:
                 (isinstance(err, OutcomeUnknown) and err.ended):
             self.finished = True
         elif isinstance(err, OutcomeUnknown) and err.state is not None:
-            self.next_step_id = err.state.next_step_id
+            self.after_state(err.state)
 
     @staticmethod
     def abort_reason(exc_type: type[BaseException]) -> str:

@@ -1,12 +1,15 @@
 """`Client` and `Transaction`: the blocking front end (grpcio's sync channel).
 
-Must never retry a step, a commit or a rollback (see `_core`), and must never leave a
-transaction open by accident: leaving a `with` block by an exception aborts it.
+Must never retry a commit or a rollback, nor re-send a step a re-read has not cleared
+(see `_core`), and must never leave a transaction open by accident: leaving a `with`
+block by an exception aborts it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -16,7 +19,7 @@ from .._proto import agenttx_pb2 as pb
 from .._proto import agenttx_pb2_grpc as pb_grpc
 from . import _core
 from ._core import TLS, TxState
-from .errors import AgentTxError, NotFound, from_rpc_error
+from .errors import AgentTxError, NotFound, OutcomeUnknown, from_rpc_error
 from .types import (
     CommitResult,
     Policy,
@@ -28,8 +31,10 @@ from .types import (
     TransactionSummary,
 )
 
+log = logging.getLogger("agenttx.client")
 
-class Client:
+
+class Client(_core.HasEndpoints):
     """A connection to an AgentTx service.
 
     >>> from agenttx.client import Client
@@ -41,37 +46,73 @@ class Client:
     ...             print(r.category, r.hint, r.strategy, r.next_step_id)
     ...     # leaving the block committed the transaction
 
-    `target` is `host:port`. Without `tls` the channel is plaintext; `tls=True` verifies the
-    server against the system roots, `tls=TLS(ca=..., cert=..., key=...)` against a private
-    CA and with a client certificate (mTLS). `token` is sent as `authorization: Bearer
-    <token>` on every call. `timeout` (seconds) bounds each call.
+    `target` is `host:port` (any gRPC target: a Kubernetes Service, a load balancer), or a
+    list of them, one per replica: the client talks to the first and moves to the next
+    when a call ends in UNAVAILABLE or DEADLINE_EXCEEDED (`.target` is the one in use).
+    Without `tls` the channel is plaintext; `tls=True` verifies the server against the
+    system roots, `tls=TLS(ca=..., cert=..., key=...)` against a private CA and with a
+    client certificate (mTLS). `token` is sent as `authorization: Bearer <token>` on every
+    call. `timeout` (seconds) bounds each call.
+
+    A step whose answer is lost is re-sent once when a re-read of the transaction proves
+    it did not apply (`resend_lost_steps=False` turns that off); `resent_steps` counts
+    those re-sends. Commits and rollbacks are never retried.
     """
 
-    def __init__(self, target: str = _core.DEFAULT_TARGET, *, token: str | None = None,
-                 tls: bool | TLS | None = None, timeout: float | None = _core.DEFAULT_TIMEOUT_S,
-                 options: list[tuple[str, Any]] | None = None) -> None:
-        self.target = target
+    def __init__(self, target: str | Sequence[str] = _core.DEFAULT_TARGET, *,
+                 token: str | None = None, tls: bool | TLS | None = None,
+                 timeout: float | None = _core.DEFAULT_TIMEOUT_S,
+                 options: list[tuple[str, Any]] | None = None,
+                 resend_lost_steps: bool = True) -> None:
+        self._endpoints = _core.Endpoints(target)
         self.timeout = timeout
+        self.resend_lost_steps = resend_lost_steps
+        self.resent_steps = 0
         self._tls = _core.resolve_tls(tls)
         self._metadata = _core.call_metadata(token)
-        opts = _core.channel_options(self._tls, options or ())
-        if self._tls is None:
-            self._channel = grpc.insecure_channel(target, options=opts)
-        else:
-            self._channel = grpc.secure_channel(target, self._tls.credentials(), options=opts)
-        self._stub = pb_grpc.AgentTxServiceStub(self._channel)
+        self._options = _core.channel_options(self._tls, options or ())
+        self._channels: dict[str, tuple[grpc.Channel, pb_grpc.AgentTxServiceStub]] = {}
+        self._lock = threading.Lock()
+        self._stub()  # fail on a bad target or TLS setting now, not at the first call
 
     # -- plumbing
+    def _stub(self) -> pb_grpc.AgentTxServiceStub:
+        target = self.target
+        with self._lock:
+            if target not in self._channels:
+                if self._tls is None:
+                    channel = grpc.insecure_channel(target, options=self._options)
+                else:
+                    channel = grpc.secure_channel(target, self._tls.credentials(),
+                                                  options=self._options)
+                self._channels[target] = (channel, pb_grpc.AgentTxServiceStub(channel))
+            return self._channels[target][1]
+
     def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         try:
-            return getattr(self._stub, method)(
+            return getattr(self._stub(), method)(
                 request, timeout=self.timeout if timeout is None else timeout,
                 metadata=self._metadata)
-        except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+        except grpc.RpcError as rpc_error:
+            err = from_rpc_error(rpc_error)
+        self._endpoints.after_error(err.code)
+        raise err
+
+    def _read(self, method: str, request: Any) -> Any:
+        """A read: tried on each replica in turn while they do not answer."""
+        for left in reversed(range(len(self.targets))):
+            try:
+                return self._call(method, request)
+            except AgentTxError as err:
+                if left == 0 or err.code not in _core.UNKNOWN_OUTCOME_CODES:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
-        self._channel.close()
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel, _ in channels:
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -95,13 +136,16 @@ class Client:
     def attach(self, transaction_id: str, *, next_step_id: int | None = None) -> Transaction:
         """A `Transaction` for an open transaction begun elsewhere (another process, an
         MCP session). Without `next_step_id` it is read from the service."""
-        if next_step_id is None:
-            next_step_id = self.get(transaction_id).next_step_id
-        return Transaction(self, transaction_id, next_step_id)
+        if next_step_id is not None:
+            return Transaction(self, transaction_id, next_step_id, hints_seen=None)
+        state = self.get(transaction_id)
+        return Transaction(self, transaction_id, state.next_step_id,
+                           hints_seen=len(state.constraints))
 
     def get(self, transaction_id: str) -> TransactionState:
-        """GetTransaction. Retried with backoff while the service is UNAVAILABLE."""
-        resp = self._call("GetTransaction", pb.GetTransactionRequest(transaction_id=transaction_id))
+        """GetTransaction. Retried with backoff while the service is UNAVAILABLE, then on
+        the other replicas."""
+        resp = self._read("GetTransaction", pb.GetTransactionRequest(transaction_id=transaction_id))
         return _core.transaction_state(resp)
 
     def rollback(self, transaction_id: str, to_step: int | None = None, *,
@@ -117,7 +161,7 @@ class Client:
                   agent_id_prefix: str = "") -> TransactionPage:
         """One page of ListTransactions (open transactions, admin principals only once
         authentication is on)."""
-        resp = self._call("ListTransactions",
+        resp = self._read("ListTransactions",
                           _core.list_request(page_size, page_token, status, agent_id_prefix))
         return _core.transaction_page(resp)
 
@@ -147,9 +191,10 @@ class Transaction:
     commits at its end.
     """
 
-    def __init__(self, client: Client, transaction_id: str, next_step_id: int) -> None:
+    def __init__(self, client: Client, transaction_id: str, next_step_id: int, *,
+                 hints_seen: int | None = 0) -> None:
         self.client = client
-        self._state = TxState(transaction_id, next_step_id)
+        self._state = TxState(transaction_id, next_step_id, hints_seen)
 
     @property
     def id(self) -> str:
@@ -171,14 +216,36 @@ class Transaction:
         self._state.after_error(err)
         return err
 
-    def _reread(self, rpc: str, cause: AgentTxError, step_id: int | None = None) -> AgentTxError:
+    def _reread(self, rpc: str, cause: AgentTxError, step_id: int | None = None,
+                resend_error: AgentTxError | None = None) -> OutcomeUnknown:
         try:
             state = self.client.get(self.id)
         except NotFound:
-            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, ended=True)
+            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, ended=True,
+                                         resend_error=resend_error)
         except AgentTxError as err:
-            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, reread_error=err)
-        return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, state=state)
+            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, reread_error=err,
+                                         resend_error=resend_error)
+        return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, state=state,
+                                     resend_error=resend_error)
+
+    def _resend_lost(self, request: Any, step_id: int, cause: AgentTxError,
+                     timeout: float | None) -> Any:
+        """The answer to step `step_id` was lost: re-read, and send the step once more if
+        the re-read proves it did not apply; otherwise raise `OutcomeUnknown`."""
+        seen = self._reread("ExecuteStep", cause, step_id)
+        if not (self.client.resend_lost_steps and seen.state is not None
+                and _core.may_resend(seen.state, step_id, self._state.hints_seen)):
+            raise self._fail(seen) from None
+        self.client.resent_steps += 1
+        log.info("re-sending step %d of transaction %s to %s after %s", step_id, self.id,
+                 self.client.target, cause.code.name)
+        try:
+            return self.client._call("ExecuteStep", request, timeout)
+        except AgentTxError as again:
+            if again.code not in _core.UNKNOWN_OUTCOME_CODES | _core.MOVED_ON_CODES:
+                raise self._fail(again) from None
+            raise self._fail(self._reread("ExecuteStep", cause, step_id, again)) from None
 
     def step(self, tool: str, args: Mapping[str, Any] | str | None = None, *, context: str = "",
              timeout: float | None = None) -> StepResult:
@@ -187,14 +254,13 @@ class Transaction:
         returns a StepResult with `ok` False; only RPC errors raise."""
         self._state.check_open()
         step_id = self._state.next_step_id
+        request = _core.step_request(self.id, step_id, tool, args, context)
         try:
-            resp = self.client._call("ExecuteStep",
-                                     _core.step_request(self.id, step_id, tool, args, context),
-                                     timeout)
+            resp = self.client._call("ExecuteStep", request, timeout)
         except AgentTxError as err:
-            if err.code in _core.UNKNOWN_OUTCOME_CODES:
-                err = self._reread("ExecuteStep", err, step_id)
-            raise self._fail(err) from None
+            if err.code not in _core.UNKNOWN_OUTCOME_CODES:
+                raise self._fail(err) from None
+            resp = self._resend_lost(request, step_id, err, timeout)
         result = _core.step_result(resp, step_id, tool)
         self._state.after_step(result)
         return result

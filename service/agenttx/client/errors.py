@@ -8,7 +8,8 @@ Why typed errors: an agent loop must tell "my commit lost a race, redo the work"
 `OutcomeUnknown` is not a status of its own: it is raised instead of `Unavailable` /
 `DeadlineExceeded` when the call was a step, a commit or a rollback, whose effect may or
 may not have happened. It carries what a re-read of the transaction showed, so the caller
-decides; the client never retries such a call by itself.
+decides; the client retries none of these by itself, except a step the re-read proved
+had not applied (re-sent once; `OutcomeUnknown` if that answer is lost too).
 
 This module must never import the generated protobuf code: these are the names users
 catch, and they stay stable when the wire format grows.
@@ -124,7 +125,7 @@ class OutcomeUnknown(AgentTxError):
     - `ended`: True when the re-read answered NOT_FOUND (the transaction no longer exists);
     - `reread_error`: the error of the re-read itself, when it failed too.
 
-    `code` is the status of the original call. The client never retries these calls.
+    `code` is the status of the original call.
     """
 
     def __init__(self, details: str, *, code: grpc.StatusCode, rpc: str, transaction_id: str,
