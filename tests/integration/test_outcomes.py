@@ -11,8 +11,8 @@ from agenttx.outcomes import tasks
 from agenttx.outcomes.faults import FaultSchedule
 
 RESULT_KEYS = {"system", "p", "tasks", "success", "success_rate", "partial", "corrupt",
-               "duplicate_effects", "leaked_effects", "steps", "fault_free_steps",
-               "steps_ratio", "wall_s"}
+               "duplicate_effects", "leaked_effects", "steps", "resent", "fault_free_steps",
+               "steps_ratio", "steps_ratio_with_resent", "wall_s"}
 RUN_KEYS = {"task", "system", "p", "outcome", "final_state_sha256", "expected_state_sha256"}
 
 
@@ -32,6 +32,9 @@ def test_small_run_agenttx_ends_every_task_correct_with_baselines_beside_it(tmp_
         assert (row["p"], row["tasks"], row["fault_free_steps"]) == (0.3, 5, fault_free)
         assert row["success"] + row["partial"] + row["corrupt"] == 5
         assert row["steps_ratio"] == round(row["steps"] / fault_free, 3)
+        assert row["steps_ratio_with_resent"] == \
+            round((row["steps"] + row["resent"]) / fault_free, 3)
+    assert by["naive_retry"]["resent"] == by["restart"]["resent"] == 0  # no client, no re-send
     agenttx = by["agenttx"]
     assert (agenttx["success"], agenttx["corrupt"], agenttx["duplicate_effects"],
             agenttx["leaked_effects"]) == (5, 0, 0, 0)

@@ -12,10 +12,13 @@ for every system). A step is one tool call sent, failed or not.
   from `next_step_id`, re-deriving every step from there (a dependency jump has undone
   them); the constraints are the hints it was given, and it refuses to send a value a
   hint says does not exist. A commit `Conflict` means the data changed under it: it
-  redoes the task in a new transaction. An ended transaction (ABORT) is begun again. On
-  UNAVAILABLE (its replica died) it moves to the other replica, re-reads the transaction
-  (`attach` -> `next_step_id`) and carries on; a step whose answer was lost but which
-  applied is undone (`rollback(to_step=...)`) and redone, since its output is unknown.
+  redoes the task in a new transaction. An ended transaction (ABORT) is begun again. Its
+  client is given both replicas: when the one it talks to dies, the client moves to the
+  other and re-sends the step itself once a re-read shows the step did not apply (the
+  agent sees one call; `Client.resent_steps` counts those re-sends). When the client
+  cannot clear a lost answer (`OutcomeUnknown`), the agent re-reads the transaction
+  (`attach` -> `next_step_id`) and carries on; a step that applied is undone
+  (`rollback(to_step=...)`) and redone, since its output is unknown.
   Unrecoverable failures end in an explicit abort: nothing is left behind.
 * `NaiveRetryAgent` applies the same calls directly (no transaction); a failed call is
   re-sent up to `retries` times, then the agent gives up. Nothing is undone.
@@ -96,29 +99,28 @@ class AgentTxAgent:
     system = "agenttx"
 
     def __init__(self, targets: Sequence[str]) -> None:
-        self.targets = list(targets)
-        self._at = 0
-        self.client = Client(self.targets[0])
+        self.client = Client(list(targets))
 
     @property
     def target(self) -> str:
-        return self.targets[self._at]
+        """The replica the agent's client talks to now (where a kill hurts)."""
+        return self.client.target
+
+    @property
+    def resent_steps(self) -> int:
+        return self.client.resent_steps
 
     def close(self) -> None:
         self.client.close()
 
-    def _failover(self) -> None:
-        """The replica stopped answering: talk to the next one (a fresh channel)."""
-        self.client.close()
-        self._at = (self._at + 1) % len(self.targets)
-        self.client = Client(self.target)
-
     def _begin(self, task: Task) -> Transaction:
-        for _ in range(len(self.targets)):
+        # A begin is not re-sent by the client (a lost answer may have opened one); the
+        # client has moved to the next replica, so begin there.
+        for _ in range(len(self.client.targets)):
             try:
                 return self.client.begin(agent_id=f"outcomes/{task.name}")
             except (Unavailable, DeadlineExceeded):
-                self._failover()
+                continue
         return self.client.begin(agent_id=f"outcomes/{task.name}")
 
     @staticmethod
@@ -129,10 +131,9 @@ class AgentTxAgent:
             pass  # already gone
 
     def _reattach(self, tx: Transaction, pos: int) -> Transaction | None:
-        """After a lost answer: move to another replica and read where the transaction
-        is. None when it no longer exists."""
-        for _ in range(len(self.targets)):
-            self._failover()
+        """After an answer the client could not clear: read where the transaction is (the
+        client has moved to another replica). None when it no longer exists."""
+        for _ in range(len(self.client.targets)):
             try:
                 again = self.client.attach(tx.id)
             except NotFound:

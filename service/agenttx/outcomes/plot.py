@@ -1,6 +1,7 @@
 """The report's figure: one PNG with four panels (task success, corrupt final states,
 duplicate + leaked effects, steps relative to the fault-free run), each system as a bar
-group per fault rate.
+group per fault rate. On the steps panel the calls the AgentTx client re-sent by itself
+are stacked, hatched, on top of the agent's steps, so both readings show.
 
 matplotlib is an optional dependency (`pip install agenttx[bench]`, included in the dev
 set-up); it is imported only when a plot is asked for, with the non-interactive Agg
@@ -19,7 +20,7 @@ _PANELS = (
     ("success_rate", "tasks ending in exactly the correct state", "%", 100.0),
     ("corrupt", "corrupt final states (tasks)", "tasks", 1.0),
     ("effects", "duplicate + leaked effects", "effects", 1.0),
-    ("steps_ratio", "steps vs the fault-free run", "x", 1.0),
+    ("steps_ratio", "agent steps vs the fault-free run (hatched: client re-sends)", "x", 1.0),
 )
 
 
@@ -46,7 +47,15 @@ def plot(report: dict[str, Any], path: str | pathlib.Path) -> None:
                 values.append(v * scale)
             xs = [i + (k - (len(systems) - 1) / 2) * width for i in range(len(ps))]
             bars = ax.bar(xs, values, width, label=system, color=_COLORS.get(system))
-            ax.bar_label(bars, fmt="%.0f" if key != "steps_ratio" else "%.2f", fontsize=7)
+            ax.bar_label(bars, fmt="%.0f" if key != "steps_ratio" else "%.2f", fontsize=7,
+                         label_type="edge" if key != "steps_ratio" else "center")
+            if key == "steps_ratio":
+                extra = [next(r for r in results if r["system"] == system and r["p"] == p)
+                         .get("steps_ratio_with_resent", v) - v for p, v in zip(ps, values,
+                                                                               strict=True)]
+                if any(e > 0 for e in extra):
+                    ax.bar(xs, extra, width, bottom=values, color=_COLORS.get(system),
+                           alpha=0.35, hatch="//", edgecolor="white")
         if key == "success_rate":
             ax.axhline(100 * TARGETS["success_rate_min"], color="#2b6cb0", ls=":", lw=1)
         if key == "steps_ratio":

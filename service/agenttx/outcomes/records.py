@@ -26,11 +26,15 @@ class RunRecord:
     leaked_effects: int
     faults: list[str]
     note: str
+    # Steps the AgentTx client re-sent by itself after a lost answer (not agent steps;
+    # always 0 for the baselines, which have no client).
+    resent: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "task", "system", "p", "outcome", "final_state_sha256", "expected_state_sha256",
-            "steps", "wall_s", "duplicate_effects", "leaked_effects", "faults", "note")}
+            "steps", "resent", "wall_s", "duplicate_effects", "leaked_effects", "faults",
+            "note")}
 
 
 @dataclass

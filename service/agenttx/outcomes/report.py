@@ -3,7 +3,10 @@
 Why apart from the runner: the figures must follow from the per-run records alone (each
 record carries its verdict and the hashes it was judged by), so anyone can recompute a
 table from `runs` in the JSON. `steps_ratio` is aggregate steps over aggregate
-fault-free steps of the same system on the same tasks, not a mean of ratios.
+fault-free steps of the same system on the same tasks, not a mean of ratios. A step is
+a tool call the agent made; the calls the AgentTx client re-sent by itself after a lost
+answer are counted apart (`resent`), and `steps_ratio_with_resent` counts them as steps
+too, so the figure holds either way it is read.
 
 Pure: no I/O (the plot, which writes a file, is in `plot`).
 """
@@ -26,6 +29,7 @@ def _aggregate(system: str, p: float, recs: Sequence[RunRecord],
     n = len(recs)
     success = sum(r.outcome == "correct" for r in recs)
     steps = sum(r.steps for r in recs)
+    resent = sum(r.resent for r in recs)
     ff = sum(fault_free.get((system, r.task), 0) for r in recs)
     fired = Counter(k for r in recs for k in r.faults)
     return {
@@ -35,8 +39,9 @@ def _aggregate(system: str, p: float, recs: Sequence[RunRecord],
         "corrupt": sum(r.outcome == "corrupt" for r in recs),
         "duplicate_effects": sum(r.duplicate_effects for r in recs),
         "leaked_effects": sum(r.leaked_effects for r in recs),
-        "steps": steps, "fault_free_steps": ff,
+        "steps": steps, "resent": resent, "fault_free_steps": ff,
         "steps_ratio": round(steps / ff, 3) if ff else 0.0,
+        "steps_ratio_with_resent": round((steps + resent) / ff, 3) if ff else 0.0,
         "wall_s": round(sum(r.wall_s for r in recs), 2),
         "faults_fired": dict(sorted(fired.items())),
     }
@@ -83,14 +88,14 @@ def summarize(run: BenchRun, plot: str | None) -> dict[str, Any]:
 
 
 _COLUMNS = ("system", "p", "tasks", "success", "rate", "partial", "corrupt", "dup fx",
-            "leaked fx", "steps", "fault-free", "ratio", "wall s")
+            "leaked fx", "steps", "re-sent", "fault-free", "ratio", "wall s")
 
 
 def table(report: dict[str, Any]) -> str:
     rows = [[r["system"], f"{r['p']:g}", str(r["tasks"]), str(r["success"]),
              f"{100 * r['success_rate']:.1f}%", str(r["partial"]), str(r["corrupt"]),
              str(r["duplicate_effects"]), str(r["leaked_effects"]), str(r["steps"]),
-             str(r["fault_free_steps"]), f"{r['steps_ratio']:.2f}", f"{r['wall_s']:.1f}"]
+             str(r["resent"]), str(r["fault_free_steps"]), f"{r['steps_ratio']:.2f}", f"{r['wall_s']:.1f}"]
             for r in report["results"]]
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c)
               for i, c in enumerate(_COLUMNS)]

@@ -168,15 +168,17 @@ class Bench:
         env = self.set_up(task, system)
         env.ready()
         injector = Injector(task, faults, env)
+        resent_before = self.agenttx_agent.resent_steps
         started = time.perf_counter()
         result: AgentRun = self.agent(system).run(task, injector)
         wall = time.perf_counter() - started
+        resent = self.agenttx_agent.resent_steps - resent_before if system == "agenttx" else 0
         final = self.read_back(task, system)
         verdict = oracle.judge(final, oracle.expect(task, injector.externals), task.ns)
         return RunRecord(task.name, system, p, verdict.outcome.value, verdict.final_sha256,
                          verdict.expected_sha256, result.steps, round(wall, 4),
                          verdict.duplicate_effects, verdict.leaked_effects,
-                         injector.fired_kinds(), result.note)
+                         injector.fired_kinds(), result.note, resent)
 
 
 def _rmtree(path: pathlib.Path) -> None:
