@@ -27,24 +27,26 @@ def one(kind: FaultKind, op: int) -> dict[int, Fault]:
     return {op: Fault(kind, "move-00", op)}
 
 
-# kind, planned op, AgentTx steps, naive_retry (outcome, steps), restart outcome
+# kind, planned op, AgentTx (agent steps, client re-sends), naive_retry (outcome, steps),
+# restart outcome
 CASES = [
     # re-sent after invalid_parameter_value / invalid_text_representation (LOCAL_BACKTRACK)
-    (FaultKind.TRANSIENT, 2, 11, ("correct", 11), "correct"),
-    # its replica SIGKILLed: the agent re-reads the transaction on the other one and resends
-    (FaultKind.REPLICA_KILL, 4, 11, ("correct", 11), "corrupt"),
+    (FaultKind.TRANSIENT, 2, (11, 0), ("correct", 11), "correct"),
+    # its replica SIGKILLed: the client re-reads the transaction on the other one, sees the
+    # step did not apply and re-sends it there; the agent sent one call
+    (FaultKind.REPLICA_KILL, 4, (10, 1), ("correct", 11), "corrupt"),
     # FK violation at the move row; DEPENDENCY_JUMP back to the draft that held the typo
-    (FaultKind.WRONG_VALUE, 1, 12, ("corrupt", 6), "correct"),
+    (FaultKind.WRONG_VALUE, 1, (12, 0), ("corrupt", 6), "correct"),
     # the manifest deleted before its read-back: DEPENDENCY_JUMP to the write, redo both
-    (FaultKind.MISSING_FILE, 8, 12, ("corrupt", 12), "corrupt"),
+    (FaultKind.MISSING_FILE, 8, (12, 0), ("corrupt", 12), "corrupt"),
     # another agent holds the manifest's lock, then abandons its draft (baselines: it
     # puts back what it saw, deleting the manifest the agent just wrote)
-    (FaultKind.LOCK_CONTENTION, 7, 11, ("corrupt", 12), "corrupt"),
+    (FaultKind.LOCK_CONTENTION, 7, (11, 0), ("corrupt", 12), "corrupt"),
     # a concurrent writer commits the source counter after the agent read it: AgentTx's
     # commit conflicts and the task is redone; the baselines lose the other write
-    (FaultKind.COMMIT_CONFLICT, 3, 20, ("corrupt", 10), "corrupt"),
+    (FaultKind.COMMIT_CONFLICT, 3, (20, 0), ("corrupt", 10), "corrupt"),
     # the receiver refuses two deliveries: AgentTx's outbox redelivers after the commit
-    (FaultKind.RECEIVER_FAILURE, 9, 10, ("correct", 12), "corrupt"),
+    (FaultKind.RECEIVER_FAILURE, 9, (10, 0), ("correct", 12), "corrupt"),
 ]
 
 
@@ -53,8 +55,8 @@ CASES = [
 def test_one_fault_each_system(bench, kind, op, agenttx_steps, naive, restart):
     faults = one(kind, op)
     a = bench.run_task(MOVE, "agenttx", 0.3, faults)
-    assert (a.outcome, a.steps, a.duplicate_effects, a.leaked_effects, a.faults) == \
-        ("correct", agenttx_steps, 0, 0, [kind.value]), a.note
+    assert (a.outcome, (a.steps, a.resent), a.duplicate_effects, a.leaked_effects,
+            a.faults) == ("correct", agenttx_steps, 0, 0, [kind.value]), a.note
     assert a.final_state_sha256 == a.expected_state_sha256
     n = bench.run_task(MOVE, "naive_retry", 0.3, faults)
     assert (n.outcome, n.steps) == naive, n.note
@@ -66,7 +68,7 @@ def test_a_killed_replica_comes_back_and_both_serve(bench):
     kills = bench.agenttx_env.kills
     rec = bench.run_task(0, "agenttx", 0.3, {0: Fault(FaultKind.REPLICA_KILL, "order-00", 0),
                                               5: Fault(FaultKind.REPLICA_KILL, "order-00", 5)})
-    assert (rec.outcome, rec.steps) == ("correct", 14)
+    assert (rec.outcome, rec.steps, rec.resent) == ("correct", 12, 2)  # order-00: 12 calls
     assert bench.agenttx_env.kills == kills + 2
     bench.agenttx_env.ready()
     assert [p.health() for p in bench.service.replicas] == ["SERVING", "SERVING"]
