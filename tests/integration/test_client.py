@@ -345,6 +345,13 @@ def test_a_client_given_both_replicas_carries_a_transaction_across_their_deaths(
         assert (sandbox / f"pair-{uniq}.txt").read_text() == "both"
 
 
+def test_a_closed_client_refuses_calls_without_reopening(replicas):
+    client = Client([replicas[0].target, replicas[1].target])
+    client.close()
+    with pytest.raises(ValueError, match="Client is closed"):
+        client.begin()
+
+
 def test_a_target_list_must_name_a_replica():
     for bad in ([], [""], ["127.0.0.1:1", " "]):
         with pytest.raises(ValueError, match="non-empty list"):

@@ -91,7 +91,7 @@ class AsyncClient(_core.HasEndpoints):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
+        channels, self._channels = list(self._channels.values()), {}  # reopened on next use
         for channel, _ in channels:
             await channel.close()
 

@@ -73,12 +73,15 @@ class Client(_core.HasEndpoints):
         self._options = _core.channel_options(self._tls, options or ())
         self._channels: dict[str, tuple[grpc.Channel, pb_grpc.AgentTxServiceStub]] = {}
         self._lock = threading.Lock()
+        self._closed = False
         self._stub()  # fail on a bad target or TLS setting now, not at the first call
 
     # -- plumbing
     def _stub(self) -> pb_grpc.AgentTxServiceStub:
         target = self.target
         with self._lock:
+            if self._closed:
+                raise ValueError("this agenttx Client is closed")
             if target not in self._channels:
                 if self._tls is None:
                     channel = grpc.insecure_channel(target, options=self._options)
@@ -110,7 +113,7 @@ class Client(_core.HasEndpoints):
 
     def close(self) -> None:
         with self._lock:
-            channels, self._channels = list(self._channels.values()), {}
+            channels, self._channels, self._closed = list(self._channels.values()), {}, True
         for channel, _ in channels:
             channel.close()
 
