@@ -152,15 +152,22 @@ async def test_soak_concurrent_agents_with_failures_and_kills(etcd, scratch, san
 
         assert stats["committed"] + stats["aborted"] == AGENTS * TX_PER_AGENT
         assert stats["kills"] == KILLS
-        # every committed effect exactly once; nothing from aborted or abandoned work
+        # every acknowledged commit's effect exactly once; nothing from aborted or
+        # abandoned work
         assert {k for k in committed_effects if counts[k] != 1} == set()
-        assert all(counts[k] <= 1 for k in counts)
+        assert set(counts) <= committed_effects | set(uncertain.values())
         for path, tag in committed_files.items():
             assert (root / path).read_text() == tag
         for path in aborted_files | abandoned:
             assert not (root / path).exists(), path
-        for path, key in uncertain.items():  # applied => file kept AND effect sent once
-            assert (root / path).exists() == (counts[key] == 1), (path, key)
+        for path, key in uncertain.items():
+            # A commit cut off by a kill: applied => file kept AND effect delivered, else
+            # neither. Its replica was delivering the effect inline when it died, so it
+            # may have died after the receiver confirmed and before retiring the entry:
+            # the one residual window of the outbox (effects/outbox.py, SPEC §6), where
+            # the effect is delivered again under the same idempotency key.
+            applied = (root / path).exists()
+            assert (counts[key] in (1, 2)) if applied else counts[key] == 0, (path, key)
         def leftovers() -> set[str]:
             return {p.name for p in root.iterdir()} - set(committed_files) - set(uncertain)
 
