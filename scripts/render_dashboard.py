@@ -49,7 +49,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import promql_parser
@@ -58,6 +58,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agenttx.client import AgentTxError, Client, Conflict, InvalidArgument, NotFound, Policy
 from agenttx.store.embedded import EmbeddedEtcd, free_port
 from agenttx.testing import ServiceProcess, scratch_dir
+from agenttx.testing.receivers import PostReceiver
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "charts" / "agenttx" / "files" / "dashboards" / "agenttx.json"
@@ -285,29 +286,18 @@ def legend(fmt: str, labels: Labels) -> str:
 
 # ---- the workload --------------------------------------------------------------------------
 
-class Receiver:
+class Receiver(PostReceiver):
     """A real loopback webhook receiver; `up` False answers 503 (an outage)."""
 
     def __init__(self) -> None:
         self.up = True
         self.received: Counter[int] = Counter()
-        receiver = self
+        super().__init__(self._on_post, "/hook", name="dashboard-webhook")
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                status = 200 if receiver.up else 503
-                receiver.received[status] += 1
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+    def _on_post(self, handler: BaseHTTPRequestHandler, body: bytes) -> int:
+        status = 200 if self.up else 503
+        self.received[status] += 1
+        return status
 
 
 @dataclass
@@ -612,8 +602,7 @@ def record(args: argparse.Namespace) -> Recording:
     """Run etcd, two replicas and the workload; scrape both replicas until it ends."""
     work = scratch_dir("agenttx-dashboard-")
     samples = Samples()
-    receiver = Receiver()
-    receiver.thread.start()
+    receiver = Receiver().start()
     etcd: EmbeddedEtcd | None = None
     replicas: list[tuple[ServiceProcess, str, dict[str, str]]] = []
     stalled_pid = 0
@@ -691,8 +680,7 @@ def record(args: argparse.Namespace) -> Recording:
             proc.stop()
         if etcd is not None:
             etcd.stop()
-        receiver.server.shutdown()
-        receiver.server.server_close()
+        receiver.stop()
         shutil.rmtree(work, ignore_errors=True)
     spans = [(what, start, end)
              for (what, start), (_, end) in zip(events[::2], events[1::2], strict=False)]

@@ -205,15 +205,11 @@ class AsyncTransaction:
     async def _reread(self, rpc: str, cause: AgentTxError, step_id: int | None = None,
                       resend_error: AgentTxError | None = None) -> OutcomeUnknown:
         try:
-            state = await self.client.get(self.id)
-        except NotFound:
-            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, ended=True,
-                                         resend_error=resend_error)
+            reread: TransactionState | AgentTxError = await self.client.get(self.id)
         except AgentTxError as err:
-            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, reread_error=err,
-                                         resend_error=resend_error)
-        return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, state=state,
-                                     resend_error=resend_error)
+            reread = err
+        return _core.reread_outcome(rpc, self.id, cause, reread, step_id=step_id,
+                                    resend_error=resend_error)
 
     async def _resend_lost(self, request: Any, step_id: int, cause: AgentTxError,
                            timeout: float | None) -> Any:

@@ -297,6 +297,20 @@ def may_resend(state: TransactionState, step_id: int, hints_seen: int | None) ->
             and state.next_step_id == step_id and len(state.constraints) == hints_seen)
 
 
+def reread_outcome(rpc: str, tx_id: str, cause: AgentTxError,
+                   reread: TransactionState | AgentTxError, *, step_id: int | None = None,
+                   resend_error: AgentTxError | None = None) -> OutcomeUnknown:
+    """`unknown_outcome` from what the re-read returned or raised."""
+    if isinstance(reread, NotFound):
+        return unknown_outcome(rpc, tx_id, cause, step_id=step_id, ended=True,
+                               resend_error=resend_error)
+    if isinstance(reread, AgentTxError):
+        return unknown_outcome(rpc, tx_id, cause, step_id=step_id, reread_error=reread,
+                               resend_error=resend_error)
+    return unknown_outcome(rpc, tx_id, cause, step_id=step_id, state=reread,
+                           resend_error=resend_error)
+
+
 def unknown_outcome(rpc: str, tx_id: str, cause: AgentTxError, *, step_id: int | None = None,
                     state: TransactionState | None = None, ended: bool = False,
                     reread_error: AgentTxError | None = None,

@@ -79,6 +79,9 @@ class Client(_core.HasEndpoints):
     # -- plumbing
     def _stub(self) -> pb_grpc.AgentTxServiceStub:
         target = self.target
+        opened = self._channels.get(target)  # every call: no lock once the channel exists
+        if opened is not None:
+            return opened[1]
         with self._lock:
             if self._closed:
                 raise ValueError("this agenttx Client is closed")
@@ -222,15 +225,11 @@ class Transaction:
     def _reread(self, rpc: str, cause: AgentTxError, step_id: int | None = None,
                 resend_error: AgentTxError | None = None) -> OutcomeUnknown:
         try:
-            state = self.client.get(self.id)
-        except NotFound:
-            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, ended=True,
-                                         resend_error=resend_error)
+            reread: TransactionState | AgentTxError = self.client.get(self.id)
         except AgentTxError as err:
-            return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, reread_error=err,
-                                         resend_error=resend_error)
-        return _core.unknown_outcome(rpc, self.id, cause, step_id=step_id, state=state,
-                                     resend_error=resend_error)
+            reread = err
+        return _core.reread_outcome(rpc, self.id, cause, reread, step_id=step_id,
+                                    resend_error=resend_error)
 
     def _resend_lost(self, request: Any, step_id: int, cause: AgentTxError,
                      timeout: float | None) -> Any:

@@ -126,14 +126,9 @@ class StepView:
         if not known and (self.fresh or self.data.lookup(key, need_value=False)[0]):
             # read it: a saga must not run on a guess, and a key known to exist but
             # whose value is too large to remember must be read to be seen
-            _, committed = await self._fetch([], [key])
-            self.extra_reads += 1
-            found = committed.get(key)
-            self.data.remember(key, found)
+            found = await self._read_committed(key)
         # unknown and not fresh: assume absent; the CAS checks it
-        self.seen[key] = found
-        self.assumed[key] = found.mod_revision if found is not None else 0
-        return found
+        return self._see(key, found)
 
     async def _current(self, data_key: bytes, data_id: str, *, need_value: bool
                        ) -> tuple[WriteState, KeyValue | None]:
@@ -160,13 +155,22 @@ class StepView:
             return self.seen[key]
         known, kv = self.data.lookup(key)
         if not known:
-            _, committed = await self._fetch([], [key])
-            self.extra_reads += 1
-            kv = committed.get(key)
-            self.data.remember(key, kv)
+            kv = await self._read_committed(key)
         # A value that changed since the transaction observed it dooms the commit (its
         # compare will fail); the step still sees the newest committed value, which the
         # step's CAS checks like any assumption.
+        return self._see(key, kv)
+
+    async def _read_committed(self, key: bytes) -> KeyValue | None:
+        """One key read from etcd beyond the step's first read (and remembered)."""
+        _, committed = await self._fetch([], [key])
+        self.extra_reads += 1
+        kv = committed.get(key)
+        self.data.remember(key, kv)
+        return kv
+
+    def _see(self, key: bytes, kv: KeyValue | None) -> KeyValue | None:
+        """Record that this step relies on `kv` being `key`'s committed state."""
         self.seen[key] = kv
         self.assumed[key] = kv.mod_revision if kv is not None else 0
         return kv

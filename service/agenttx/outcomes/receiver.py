@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter, defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from ..testing.receivers import PostReceiver
 from .state import Delivered
 
 
@@ -26,25 +27,11 @@ class Receiver:
         self._delivered: dict[str, list[tuple[str, Any]]] = defaultdict(list)
         self._refuse: Counter[str] = Counter()
         self.attempts: Counter[str] = Counter()
-        receiver = self
+        self._http = PostReceiver(self._on_post, "/effects", name="outcomes-receiver")
+        self.url = self._http.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                status = receiver._record(self.headers.get("Idempotency-Key", ""), body)
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/effects"
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True,
-                                        name="outcomes-receiver")
+    def _on_post(self, handler: BaseHTTPRequestHandler, body: bytes) -> int:
+        return self._record(handler.headers.get("Idempotency-Key", ""), body)
 
     def _record(self, key: str, body: bytes) -> int:
         try:
@@ -71,13 +58,11 @@ class Receiver:
                     for key, got in self._delivered.items() if key.startswith(prefix) and got}
 
     def start(self) -> Receiver:
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._http.stop()
 
     def __enter__(self) -> Receiver:
         return self.start()

@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import pathlib
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import aetcd
 import grpc
@@ -54,6 +54,7 @@ from .ops import (  # noqa: F401
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Large enough for a step record (1 MiB arguments + 1 MiB context + an undo image);
 # matches the --max-request-bytes we give an embedded etcd (store.embedded).
@@ -203,6 +204,20 @@ class Store:
         self.client = client
         self.timeout = timeout
 
+    @staticmethod
+    async def _round_trip(what: str, call: Callable[..., Awaitable[T]], *args: Any,
+                          failure: str | None = None, **kwargs: Any) -> T:
+        """`call(*args, **kwargs)`, one etcd round trip: counted (with its latency) for the
+        metrics whatever its outcome, and any failure translated into a domain error
+        (`failure` names it; default `what`)."""
+        started = time.perf_counter()
+        try:
+            return await call(*args, **kwargs)
+        except Exception as exc:  # translated: callers see only domain errors
+            raise translate(exc, failure or what) from exc
+        finally:
+            count_round_trip(what, time.perf_counter() - started)
+
     async def txn(self, compare: Sequence[Compare], success: Sequence[Op],
                   failure: Sequence[Op] = (), what: str = "write") -> TxnResult:
         """ONE guarded etcd transaction. Never retried here (see module docstring)."""
@@ -210,14 +225,8 @@ class Store:
         req = rpc.TxnRequest(compare=[_pb_compare(c) for c in compare],
                              success=[_pb_op(o) for o in success],
                              failure=[_pb_op(o) for o in failure])
-        started = time.perf_counter()
         with tracing.etcd_span(operation_label(what)):
-            try:
-                resp = await self.client.kvstub.Txn(req, timeout=self.timeout)
-            except Exception as exc:  # translated: callers see only domain errors
-                count_round_trip(what, time.perf_counter() - started)
-                raise translate(exc, what) from exc
-        count_round_trip(what, time.perf_counter() - started)
+            resp = await self._round_trip(what, self.client.kvstub.Txn, req, timeout=self.timeout)
         results: list[list[KeyValue] | None] = []
         for r in resp.responses:
             if r.WhichOneof("response") == "response_range":
@@ -252,13 +261,7 @@ class Store:
         await self.client.connect()
         while True:
             req = rpc.RangeRequest(key=key, range_end=end, limit=page_size, revision=revision)
-            started = time.perf_counter()
-            try:
-                resp = await self.client.kvstub.Range(req, timeout=self.timeout)
-            except Exception as exc:
-                count_round_trip(what, time.perf_counter() - started)
-                raise translate(exc, what) from exc
-            count_round_trip(what, time.perf_counter() - started)
+            resp = await self._round_trip(what, self.client.kvstub.Range, req, timeout=self.timeout)
             if not revision:
                 revision = int(resp.header.revision)
             kvs = [_kv(m) for m in resp.kvs]
@@ -278,13 +281,7 @@ class Store:
     async def count(self, prefix: bytes, what: str = "read") -> int:
         await self.client.connect()
         req = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=True)
-        started = time.perf_counter()
-        try:
-            resp = await self.client.kvstub.Range(req, timeout=self.timeout)
-        except Exception as exc:
-            count_round_trip(what, time.perf_counter() - started)
-            raise translate(exc, what) from exc
-        count_round_trip(what, time.perf_counter() - started)
+        resp = await self._round_trip(what, self.client.kvstub.Range, req, timeout=self.timeout)
         return int(resp.count)
 
     async def put(self, key: bytes, value: bytes, lease: int = 0, what: str = "put") -> int:
@@ -296,13 +293,7 @@ class Store:
     async def grant_lease(self, ttl_s: int, what: str = "lease") -> tuple[int, int]:
         """A new lease: (id, granted ttl)."""
         await self.client.connect()
-        started = time.perf_counter()
-        try:
-            lease = await self.client.lease(ttl_s)
-        except Exception as exc:
-            count_round_trip(what, time.perf_counter() - started)
-            raise translate(exc, "lease grant") from exc
-        count_round_trip(what, time.perf_counter() - started)
+        lease = await self._round_trip(what, self.client.lease, ttl_s, failure="lease grant")
         return int(lease.id), int(lease.ttl)
 
     async def ping(self, timeout: float) -> None:
