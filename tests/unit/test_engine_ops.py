@@ -70,7 +70,7 @@ def kv(key: str) -> bytes:
 def test_every_record_survives_its_codec():
     h = header(next_step_id=7, attempts=2, highest_step=9, replay_used=3, global_resets=1,
                constraints=("hint a", "hint b"), budget=Budget(1, 2, 3, 4, 5, 6, 7),
-               quota_slot=42, fs_pending=FsPending(6, "abc", "r1", 5.0, "/s/f", "00ff"),
+               quota_slot=42, fs_pending=FsPending(6, "abc", "r1", 5.0, "/s/f"),
                undoing=UndoIntent((6, 5), "r1", 4.0, False, True, 5, 1, 3))
     assert decode_header(encode_header(h)) == h
     entry = Touched(12, WriteState(Buffered(False, {"value": [1, {"a": None}]}, 22), 3, "both",

@@ -63,7 +63,7 @@ from .state import (
     to_json,
 )
 from .steps import Stepper, require_owner
-from .undo import Stale, Target, Undoer
+from .undo import Stale, Target, Undoer, write_interrupted
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,8 @@ class Engine:
         h = decode_header(kv.value)
         if h.principal != caller.principal and not caller.admin:
             raise not_found(tx_id)
-        if h.undoing is not None or h.fs_pending is not None:
+        if h.undoing is not None or (h.fs_pending is not None
+                                     and await write_interrupted(tx_id, h.fs_pending)):
             h = await self._settled_header(tx_id, h, kv.mod_revision)
         context = []
         for item in res.kvs(1):

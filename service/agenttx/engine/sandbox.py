@@ -15,12 +15,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import pathlib
 import re
 import secrets
 
 from ..tools.base import ToolError
+
+log = logging.getLogger(__name__)
 
 # Longest file name (one path component) and path on Linux: NAME_MAX and PATH_MAX
 # (the latter counts the terminating NUL) in <linux/limits.h>.
@@ -175,10 +178,23 @@ def current_hash(target: pathlib.Path) -> str | None:
 
 def restore(target: pathlib.Path, previous: bytes | None) -> None:
     """Saga undo, idempotent: put back the previous bytes, or remove a file the step
-    created (an already-absent file is a success). Raises OSError when it cannot."""
+    created (an already-absent file is a success). Raises OSError when it cannot.
+
+    Whatever someone else did to the file after its step (changed it, removed it, put an
+    empty directory in its place) is overwritten, as any compensation overwrites: the
+    undo's promise is the bytes from before the step. A directory that holds files is
+    never removed (that would destroy data the step never wrote): the undo fails with
+    EISDIR and the transaction waits for a person (docs/recovery.md, MANUAL)."""
+    if target.is_dir() and not target.is_symlink():
+        try:
+            target.rmdir()
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise IsADirectoryError(errno.EISDIR, "Is a directory") from None
+            raise
+        log.warning("undo removed an empty directory put where a transaction's file was",
+                    extra={"path": str(target)})
     if previous is None:
-        if target.is_dir() and not target.is_symlink():
-            raise IsADirectoryError(errno.EISDIR, "Is a directory")
         with contextlib.suppress(FileNotFoundError):
             target.unlink()
         with contextlib.suppress(OSError):

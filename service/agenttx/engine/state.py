@@ -88,14 +88,15 @@ def _fields(b: Budget) -> tuple[int, ...]:
 class FsPending:
     """An fs.write committed in etcd whose rename over the target may not have happened
     yet (SPEC §3 crash safety). Set by the fs step's CAS; every later state change first
-    checks the disk and clears it (or rolls the write back)."""
+    checks whether the step's temp file is still there (the rename removes it) and clears
+    the marker, or rolls the write back. The target's contents are never consulted: an
+    acknowledged step is final, whatever happens to its file afterwards."""
 
     step_id: int
     attempt: str
     owner: str
     since: float
     target: str
-    new_sha256: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +248,7 @@ def encode_header(h: TxHeader) -> bytes:
     }
     if h.fs_pending is not None:
         f = h.fs_pending
-        doc["fp"] = [f.step_id, f.attempt, f.owner, f.since, f.target, f.new_sha256]
+        doc["fp"] = [f.step_id, f.attempt, f.owner, f.since, f.target]
     if h.undoing is not None:
         u = h.undoing
         doc["un"] = [list(u.steps), u.owner, u.since, u.end, u.automatic, u.next_step_id,
@@ -266,7 +267,7 @@ def decode_header(raw: bytes) -> TxHeader:
         created_at=d["ca"], updated_at=d["ua"], next_step_id=d["nx"], attempts=d["at"],
         highest_step=d["hi"], replay_used=d["ru"], global_resets=d["gr"],
         constraints=tuple(d["co"]), budget=_budget(d.get("bu")), quota_slot=d.get("qs", -1),
-        fs_pending=FsPending(fp[0], fp[1], fp[2], fp[3], fp[4], fp[5]) if fp else None,
+        fs_pending=FsPending(fp[0], fp[1], fp[2], fp[3], fp[4]) if fp else None,
         undoing=UndoIntent(tuple(un[0]), un[1], un[2], un[3], un[4], un[5], un[6], un[7])
         if un else None,
     )

@@ -252,8 +252,8 @@ class Stepper:
         new_header = replace(
             h, next_step_id=step_id + 1, attempts=0, highest_step=max(h.highest_step, step_id),
             updated_at=now, budget=h.budget.plus(delta),
-            fs_pending=FsPending(step_id, view.attempt, self.replica_id, now, fs.record.target,
-                                 fs.record.new_sha256) if fs is not None else None)
+            fs_pending=FsPending(step_id, view.attempt, self.replica_id, now, fs.record.target)
+            if fs is not None else None)
         changes = StepChanges(observed=view.observed, entries=entries, assumed=view.assumed,
                               effects=view.effects,
                               reservations=view.effect_keys, lock_new=view.lock_new,
@@ -283,10 +283,11 @@ class Stepper:
         try:
             res = await self.store.txn(plan.compares, plan.success, plan.failure, what="step")
         except StoreUnavailable:
-            # The CAS may or may not have applied. Dropping the temp file is safe either
-            # way: an fs.write counts as done only when its target holds the new bytes,
-            # so a recorded-but-never-renamed write is rolled back by the next call.
-            await view.discard()
+            # The CAS may or may not have applied. An fs.write keeps its temp file: if the
+            # step was recorded, that file is what tells the next call the rename never
+            # happened (it rolls the step back); if not, the temp sweep removes it.
+            if view.fs is None:
+                await view.discard()
             self.txs.evict(tx)
             if is_custom_saga(tool):
                 if await self._recorded(tx, step_id, record.attempt):

@@ -11,15 +11,20 @@ CAS; a replica that dies in between leaves a durable plan that any replica resum
 rollback stops there and the transaction waits for RollbackTransaction (SPEC §5 MANUAL).
 
 `settle` also decides the fate of an fs.write whose rename may not have happened
-(`FsPending`): the write happened iff the target holds the new bytes; otherwise, once
-its owner is gone or the grace period passed, it is rolled back as if it never ran.
+(`FsPending`). The decision never looks at the target's contents: once `ExecuteStep`
+answered SUCCESS the step is final, whatever someone else does to the file afterwards
+(docs/recovery.md, "An acknowledged step is final"). What tells an interrupted write from
+a completed one is the step's own temp file (named after its transaction, step and
+attempt): the atomic rename removes it, so "temp file present" means the rename never
+happened. Such a write is rolled back as if it never ran, once its owner is gone or the
+grace period passed; a write whose temp file is gone is settled as applied.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
+import os
 import pathlib
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +45,7 @@ from .snapshot import Loader, not_found
 from .state import (
     ACTIVE,
     AWAITING_ROLLBACK,
+    FsPending,
     StepRecord,
     Touched,
     TxHeader,
@@ -280,7 +286,7 @@ class Undoer:
         f = state.header.fs_pending
         assert f is not None
         tx = state.header.id
-        if await asyncio.to_thread(_holds, pathlib.Path(f.target), f.new_sha256):
+        if not await write_interrupted(tx, f):
             state.fs_settled = True  # the write landed; the next state change clears it
             return state
         if await self._busy(f.owner, f.since):
@@ -303,11 +309,13 @@ class Undoer:
         return await self.store.get(self.keys.replica(owner), what="load") is not None
 
 
-def _holds(target: pathlib.Path, sha: str) -> bool:
-    try:
-        return hashlib.sha256(target.read_bytes()).hexdigest() == sha
-    except OSError:
-        return False
+async def write_interrupted(tx_id: str, pending: FsPending) -> bool:
+    """Did the pending write stop before its rename? True iff its temp file is still
+    there (the rename is what removes it). Independent of the target's contents, so an
+    outside change to an acknowledged file never makes its step look interrupted."""
+    tmp = sandbox.temp_name(pathlib.Path(pending.target), tx_id, pending.step_id,
+                            pending.attempt)
+    return await asyncio.to_thread(os.path.lexists, tmp)
 
 
 def _describe(exc: BaseException, r: StepRecord) -> str:
@@ -316,4 +324,5 @@ def _describe(exc: BaseException, r: StepRecord) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-__all__ = ["APPLY_GRACE_S", "NotFound", "Stale", "Target", "UndoResult", "Undoer"]
+__all__ = ["APPLY_GRACE_S", "NotFound", "Stale", "Target", "UndoResult", "Undoer",
+           "write_interrupted"]
