@@ -64,6 +64,46 @@ class AgentTxServiceStub:
                 request_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsRequest.SerializeToString,
                 response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsResponse.FromString,
                 _registered_method=True)
+        self.GetTransactionHistory = channel.unary_unary(
+                '/agenttx.v1.AgentTxService/GetTransactionHistory',
+                request_serializer=agenttx_dot_v1_dot_agenttx__pb2.GetTransactionHistoryRequest.SerializeToString,
+                response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.TransactionHistory.FromString,
+                _registered_method=True)
+        self.ListTools = channel.unary_unary(
+                '/agenttx.v1.AgentTxService/ListTools',
+                request_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListToolsRequest.SerializeToString,
+                response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListToolsResponse.FromString,
+                _registered_method=True)
+        self.ListApprovals = channel.unary_unary(
+                '/agenttx.v1.AgentTxService/ListApprovals',
+                request_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListApprovalsRequest.SerializeToString,
+                response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListApprovalsResponse.FromString,
+                _registered_method=True)
+        self.DecideApproval = channel.unary_unary(
+                '/agenttx.v1.AgentTxService/DecideApproval',
+                request_serializer=agenttx_dot_v1_dot_agenttx__pb2.DecideApprovalRequest.SerializeToString,
+                response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.DecideApprovalResponse.FromString,
+                _registered_method=True)
+        self.ListDeadLetters = channel.unary_unary(
+                '/agenttx.v1.AgentTxService/ListDeadLetters',
+                request_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.RetryDeadLetter = channel.unary_unary(
+                '/agenttx.v1.AgentTxService/RetryDeadLetter',
+                request_serializer=agenttx_dot_v1_dot_agenttx__pb2.DeadLetterRequest.SerializeToString,
+                response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.DeadLetterResponse.FromString,
+                _registered_method=True)
+        self.DiscardDeadLetter = channel.unary_unary(
+                '/agenttx.v1.AgentTxService/DiscardDeadLetter',
+                request_serializer=agenttx_dot_v1_dot_agenttx__pb2.DeadLetterRequest.SerializeToString,
+                response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.DeadLetterResponse.FromString,
+                _registered_method=True)
+        self.GetServiceStatus = channel.unary_unary(
+                '/agenttx.v1.AgentTxService/GetServiceStatus',
+                request_serializer=agenttx_dot_v1_dot_agenttx__pb2.GetServiceStatusRequest.SerializeToString,
+                response_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ServiceStatus.FromString,
+                _registered_method=True)
 
 
 class AgentTxServiceServicer:
@@ -105,8 +145,65 @@ class AgentTxServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListTransactions(self, request, context):
-        """Lists open transactions, a page at a time (admin principals only once
-        authentication is on; any loopback caller without it).
+        """Lists open transactions, a page at a time: admins see every transaction,
+        anyone else only their own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTransactionHistory(self, request, context):
+        """The record of a transaction, open or ended (within the history retention):
+        status, who ended it and why, and one entry per step sent. Owner or admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTools(self, request, context):
+        """The tools the caller may use: built-ins, plug-ins and the toolsets in scope.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListApprovals(self, request, context):
+        """Transactions waiting for a person's approval (approvers and admins).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecideApproval(self, request, context):
+        """Approves (commits) or rejects (compensates) a transaction awaiting approval.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDeadLetters(self, request, context):
+        """Committed effects and deferred calls their receiver refused permanently (admins).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryDeadLetter(self, request, context):
+        """Puts a dead letter back into the outbox, same idempotency key (admins).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiscardDeadLetter(self, request, context):
+        """Drops a dead letter for good; the reason is audited (admins).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetServiceStatus(self, request, context):
+        """A summary of the deployment for status displays (any authenticated caller).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -144,6 +241,46 @@ def add_AgentTxServiceServicer_to_server(servicer, server):
                     servicer.ListTransactions,
                     request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsRequest.FromString,
                     response_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'GetTransactionHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTransactionHistory,
+                    request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.GetTransactionHistoryRequest.FromString,
+                    response_serializer=agenttx_dot_v1_dot_agenttx__pb2.TransactionHistory.SerializeToString,
+            ),
+            'ListTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTools,
+                    request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListToolsRequest.FromString,
+                    response_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListToolsResponse.SerializeToString,
+            ),
+            'ListApprovals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApprovals,
+                    request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListApprovalsRequest.FromString,
+                    response_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListApprovalsResponse.SerializeToString,
+            ),
+            'DecideApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideApproval,
+                    request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.DecideApprovalRequest.FromString,
+                    response_serializer=agenttx_dot_v1_dot_agenttx__pb2.DecideApprovalResponse.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=agenttx_dot_v1_dot_agenttx__pb2.ListDeadLettersResponse.SerializeToString,
+            ),
+            'RetryDeadLetter': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryDeadLetter,
+                    request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.DeadLetterRequest.FromString,
+                    response_serializer=agenttx_dot_v1_dot_agenttx__pb2.DeadLetterResponse.SerializeToString,
+            ),
+            'DiscardDeadLetter': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiscardDeadLetter,
+                    request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.DeadLetterRequest.FromString,
+                    response_serializer=agenttx_dot_v1_dot_agenttx__pb2.DeadLetterResponse.SerializeToString,
+            ),
+            'GetServiceStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServiceStatus,
+                    request_deserializer=agenttx_dot_v1_dot_agenttx__pb2.GetServiceStatusRequest.FromString,
+                    response_serializer=agenttx_dot_v1_dot_agenttx__pb2.ServiceStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +445,222 @@ class AgentTxService:
             '/agenttx.v1.AgentTxService/ListTransactions',
             agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsRequest.SerializeToString,
             agenttx_dot_v1_dot_agenttx__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTransactionHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agenttx.v1.AgentTxService/GetTransactionHistory',
+            agenttx_dot_v1_dot_agenttx__pb2.GetTransactionHistoryRequest.SerializeToString,
+            agenttx_dot_v1_dot_agenttx__pb2.TransactionHistory.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agenttx.v1.AgentTxService/ListTools',
+            agenttx_dot_v1_dot_agenttx__pb2.ListToolsRequest.SerializeToString,
+            agenttx_dot_v1_dot_agenttx__pb2.ListToolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agenttx.v1.AgentTxService/ListApprovals',
+            agenttx_dot_v1_dot_agenttx__pb2.ListApprovalsRequest.SerializeToString,
+            agenttx_dot_v1_dot_agenttx__pb2.ListApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agenttx.v1.AgentTxService/DecideApproval',
+            agenttx_dot_v1_dot_agenttx__pb2.DecideApprovalRequest.SerializeToString,
+            agenttx_dot_v1_dot_agenttx__pb2.DecideApprovalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agenttx.v1.AgentTxService/ListDeadLetters',
+            agenttx_dot_v1_dot_agenttx__pb2.ListDeadLettersRequest.SerializeToString,
+            agenttx_dot_v1_dot_agenttx__pb2.ListDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryDeadLetter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agenttx.v1.AgentTxService/RetryDeadLetter',
+            agenttx_dot_v1_dot_agenttx__pb2.DeadLetterRequest.SerializeToString,
+            agenttx_dot_v1_dot_agenttx__pb2.DeadLetterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiscardDeadLetter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agenttx.v1.AgentTxService/DiscardDeadLetter',
+            agenttx_dot_v1_dot_agenttx__pb2.DeadLetterRequest.SerializeToString,
+            agenttx_dot_v1_dot_agenttx__pb2.DeadLetterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetServiceStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agenttx.v1.AgentTxService/GetServiceStatus',
+            agenttx_dot_v1_dot_agenttx__pb2.GetServiceStatusRequest.SerializeToString,
+            agenttx_dot_v1_dot_agenttx__pb2.ServiceStatus.FromString,
             options,
             channel_credentials,
             insecure,
