@@ -243,7 +243,8 @@ def _temp_files(root: pathlib.Path) -> list[pathlib.Path]:
 
 
 @pytest.mark.timeout(120)
-def test_a_step_whose_cas_raises_leaves_no_temp_file(own_etcd, scratch, sandbox):
+def test_a_step_whose_cas_raises_is_settled_as_not_applied_and_leaves_no_temp_file(
+        own_etcd, scratch, sandbox):
     root = sandbox / f"tmp-{uuid.uuid4().hex[:8]}"
     svc = ServiceProcess("temps", etcd_endpoints=own_etcd.endpoints, prefix="/agenttx-tmp",
                          fs_root=str(root), workdir=scratch / "temps",
@@ -256,7 +257,9 @@ def test_a_step_whose_cas_raises_leaves_no_temp_file(own_etcd, scratch, sandbox)
             agent.step("fs.write", {"path": "during-outage.txt", "contents": "x"})
         except grpc.RpcError as err:
             assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()
-        assert _temp_files(root) == []
+        # The write's outcome is unknown: its temp file stays (if etcd recorded the step,
+        # that file is what tells the next call the rename never happened) ...
+        assert not (root / "during-outage.txt").exists()
         svc.wait_health(("SERVING",), timeout=40)
         # whatever etcd recorded, the write is settled as not having happened
         view = _retry(lambda: get(svc.stub, agent.tx))
@@ -264,7 +267,13 @@ def test_a_step_whose_cas_raises_leaves_no_temp_file(own_etcd, scratch, sandbox)
         assert not (root / "during-outage.txt").exists()
         output(agent.step("fs.write", {"path": "during-outage.txt", "contents": "y"}))
         assert agent.commit().committed
-        assert (root / "during-outage.txt").read_text() == "y" and _temp_files(root) == []
+        assert (root / "during-outage.txt").read_text() == "y"
+        # ... and once etcd answers, it is removed (rolled back with the step, or dropped
+        # because the step was never recorded)
+        deadline = time.monotonic() + 20
+        while _temp_files(root) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _temp_files(root) == []
     finally:
         svc.stop()
 

@@ -62,6 +62,7 @@ from .state import (
     Touched,
     TxHeader,
     UndoImage,
+    decode_header,
     decode_step,
 )
 from .undo import Stale, Target, Undoer
@@ -113,6 +114,7 @@ class Stepper:
         self.store, self.keys, self.tools, self.loader = store, keys, tools, loader
         self.undoer, self.txs, self.data, self.limits = undoer, txs, data, limits
         self.replica_id, self.channel_names = replica_id, channel_names
+        self._background: set[asyncio.Task[None]] = set()
 
     async def execute(self, caller: Caller, tx_id: str, step_id: int, tool_name: str,
                       arguments_json: str, raw_context: str) -> StepOutcome:
@@ -285,9 +287,13 @@ class Stepper:
         except StoreUnavailable:
             # The CAS may or may not have applied. An fs.write keeps its temp file: if the
             # step was recorded, that file is what tells the next call the rename never
-            # happened (it rolls the step back); if not, the temp sweep removes it.
+            # happened (it rolls the step back). Once etcd answers again, a background
+            # check removes the file if the step was not recorded after all.
             if view.fs is None:
                 await view.discard()
+            else:
+                self._settle_later(tx, step_id, view.attempt, view.fs.tmp)
+                view.fs = None
             self.txs.evict(tx)
             if is_custom_saga(tool):
                 if await self._recorded(tx, step_id, record.attempt):
@@ -355,6 +361,29 @@ class Stepper:
         return await self._failed(fresh, record.step_id, record.tool, None, attempt,
                                   f"{exc.strerror or exc}: '{path}'", "path", None,
                                   rebuild_view=True)
+
+    def _settle_later(self, tx_id: str, step_id: int, attempt: str,
+                      tmp: pathlib.Path) -> None:
+        """After an fs.write whose CAS outcome is unknown: wait until etcd answers, then
+        drop the temp file unless the header marks exactly this write as pending (then
+        the next call on the transaction rolls the step back and drops it). Off the
+        request path; if this replica dies first, the temp sweep does the same."""
+        async def settle() -> None:
+            delay = 0.2
+            while True:
+                try:
+                    kv = await self.store.get(self.keys.tx_header(tx_id), what="load")
+                    break
+                except StoreUnavailable:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+            pending = decode_header(kv.value).fs_pending if kv is not None else None
+            if pending is None or (pending.step_id, pending.attempt) != (step_id, attempt):
+                await asyncio.to_thread(sandbox.discard_temp, tmp)
+
+        task = asyncio.create_task(settle(), name=f"settle-write-{tx_id}-{step_id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _recorded(self, tx_id: str, step_id: int, attempt: str) -> bool:
         """After an ambiguous CAS: is the step record there, and is it this attempt's?"""
