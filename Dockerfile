@@ -20,14 +20,18 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/agenttx \
  && /opt/agenttx/bin/pip install --upgrade pip setuptools wheel
 WORKDIR /src
-# Dependencies first (a layer that survives source edits): read them from pyproject.
+# Dependencies first (a layer that survives source edits): read them from both
+# pyprojects (the service's own pin on agenttx-client is satisfied from client/ below).
 COPY pyproject.toml README.md ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml','rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+COPY client/pyproject.toml client/README.md ./client/
+RUN python -c "import tomllib; deps = [d for f in ('pyproject.toml', 'client/pyproject.toml') for d in tomllib.load(open(f, 'rb'))['project']['dependencies'] if not d.startswith('agenttx')]; print('\n'.join(deps))" > /tmp/requirements.txt \
  && /opt/agenttx/bin/pip install -r /tmp/requirements.txt
+COPY client ./client
 COPY service ./service
 COPY operator ./operator
-RUN /opt/agenttx/bin/pip install --no-deps . \
- && /opt/agenttx/bin/agenttx --help > /dev/null
+COPY bench ./bench
+RUN /opt/agenttx/bin/pip install --no-deps ./client . \
+ && /opt/agenttx/bin/agenttx serve --help > /dev/null
 
 # ---- runtime base: slim Python, the venv, an unprivileged user ----------------------
 FROM python:${PYTHON_VERSION}-slim AS runtime-base

@@ -11,7 +11,7 @@ serve: venv
 test: venv
 	.venv/bin/python scripts/gen_proto.py --check
 	.venv/bin/ruff check .
-	.venv/bin/mypy service/agenttx operator/agenttx_operator
+	.venv/bin/mypy client/agenttx service/agenttx operator/agenttx_operator bench/agenttx_bench
 	.venv/bin/lint-imports --no-cache
 	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10
 
@@ -23,7 +23,7 @@ integration: venv
 
 lint: venv
 	.venv/bin/ruff check .
-	.venv/bin/mypy service/agenttx operator/agenttx_operator
+	.venv/bin/mypy client/agenttx service/agenttx operator/agenttx_operator bench/agenttx_bench
 	.venv/bin/lint-imports --no-cache
 
 proto: venv

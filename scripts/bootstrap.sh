@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.venv/.agenttx-installed
-want=$( (cat pyproject.toml; cat examples/agenttx-example-tools/pyproject.toml 2>/dev/null || true) \
+want=$( (cat pyproject.toml client/pyproject.toml; \
+         cat examples/agenttx-example-tools/pyproject.toml 2>/dev/null || true) \
   | sha256sum | cut -c1-16)
 if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
@@ -14,7 +15,9 @@ fi
 echo "==> creating .venv and installing AgentTx (first run takes a minute)" >&2
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[dev]"
+# Both distributions, editable: agenttx-client (client/) and agenttx (the service, which
+# depends on the client; pip takes it from ./client, not from an index).
+.venv/bin/python -m pip install --quiet -e "./client[console]" -e ".[dev]"
 if [ -d examples/agenttx-example-tools ]; then
   .venv/bin/python -m pip install --quiet -e examples/agenttx-example-tools
 fi

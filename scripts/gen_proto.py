@@ -17,7 +17,7 @@ from grpc_tools import protoc
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 PROTO = PROTO_DIR / "agenttx" / "v1" / "agenttx.proto"
-OUT = ROOT / "service" / "agenttx" / "_proto"
+OUT = ROOT / "client" / "agenttx" / "v1"
 GENERATED = ("agenttx_pb2.py", "agenttx_pb2.pyi", "agenttx_pb2_grpc.py")
 
 
@@ -38,13 +38,9 @@ def generate(out: pathlib.Path) -> None:
         src = pathlib.Path(tmp) / "agenttx" / "v1"
         out.mkdir(parents=True, exist_ok=True)
         for name in GENERATED:
-            text = (src / name).read_text()
-            # protoc emits absolute imports (`from agenttx.v1 import ...`); the
-            # generated modules live in one flat package, so make them relative.
-            text = text.replace(
-                "from agenttx.v1 import agenttx_pb2 as", "from . import agenttx_pb2 as"
-            )
-            (out / name).write_text(text)
+            # protoc's imports (`from agenttx.v1 import agenttx_pb2`) match where the
+            # modules live: package agenttx.v1 of the client distribution.
+            (out / name).write_text((src / name).read_text())
         (out / "__init__.py").write_text(
             '"""Generated from proto/agenttx/v1/agenttx.proto. Do not edit."""\n')
 

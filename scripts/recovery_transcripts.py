@@ -22,9 +22,9 @@ from typing import Any
 
 import grpc
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
 from agenttx.testing import serve
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 
 STATUS = {v: k.removeprefix("STEP_STATUS_") for k, v in pb.StepStatus.items()}
 STRATEGY = {v: k.removeprefix("ROLLBACK_STRATEGY_") for k, v in pb.RollbackStrategy.items()}

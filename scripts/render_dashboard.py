@@ -56,7 +56,7 @@ import promql_parser
 from prometheus_client.parser import text_string_to_metric_families
 
 from agenttx.client import AgentTxError, Client, Conflict, InvalidArgument, NotFound, Policy
-from agenttx.store.embedded import EmbeddedEtcd, free_port
+from agenttx.embedded_etcd import EmbeddedEtcd, free_port
 from agenttx.testing import ServiceProcess, scratch_dir
 from agenttx.testing.receivers import PostReceiver
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agenttx.store.embedded import EmbeddedEtcd
+from agenttx.embedded_etcd import EmbeddedEtcd
 from agenttx.testing import scratch_dir
 
 # Real loopback HTTP and SMTP receivers (fixtures `webhook`, `smtp`).

@@ -44,7 +44,7 @@ class OperatorConfig(BaseSettings):
     etcd_prefix: str = Field(
         "/agenttx",
         description="Key prefix shared with the service, in the service's layout "
-        "(agenttx.store.layout.Keys: `agenttx` and `/agenttx/` both mean /agenttx); "
+        "(agenttx.contracts.layout.Keys: `agenttx` and `/agenttx/` both mean /agenttx); "
         "policies go to /<prefix>/policies/, the issuer keys to /<prefix>/auth/jwks.",
     )
     etcd_ca_file: str | None = Field(None, description="CA bundle to verify etcd (TLS).")

@@ -44,9 +44,9 @@ from typing import Any
 import aiohttp
 import kopf
 
+from agenttx.contracts.layout import Keys
 from agenttx.errors import StoreError
 from agenttx.store.client import Store
-from agenttx.store.layout import Keys
 
 from . import jwks, publishing, reconcile
 from .config import OperatorConfig

@@ -92,8 +92,17 @@ def run(argv: list[str] | None = None) -> int:
             argv = argv[1:]
     try:
         config = parse_config(argv)
-        config.resolved_service_namespace()
     except (ValidationError, ValueError) as exc:
+        print(f"agenttx operator: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    return run_config(config)
+
+
+def run_config(config: OperatorConfig) -> int:
+    """Run the operator with parsed settings until stopped; the process exit code."""
+    try:
+        config.resolved_service_namespace()
+    except ValueError as exc:
         print(f"agenttx operator: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     _configure_logging(config)

@@ -6,7 +6,7 @@ get no Kubernetes API rights, so the operator is the only bridge between the two
 
 What it must never do: open its own etcd connection (it uses `agenttx.store.client`,
 the project's one gateway), build a key itself (every key comes from the service's
-`agenttx.store.layout.Keys`, so both processes agree on `--etcd-prefix agenttx` and
+`agenttx.contracts.layout.Keys`, so both processes agree on `--etcd-prefix agenttx` and
 `/agenttx` alike), or retry on its own; a StoreUnavailable goes back to the caller (a
 handler reports EtcdUnavailable and lets kopf retry with backoff; the issuer-key
 refresher keeps what is published and retries with backoff).
@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from agenttx.engine.policy import PublishedPolicy
+from agenttx.contracts.layout import Keys
+from agenttx.contracts.policy import PublishedPolicy
 from agenttx.store.client import Store, cmp_mod, cmp_value, op_delete, op_put
-from agenttx.store.layout import Keys
 
 from . import reconcile
 

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agenttx.engine.policy import PublishedPolicy, policy_to_json
-from agenttx.store.layout import Keys
+from agenttx.contracts.layout import Keys
+from agenttx.contracts.policy import PublishedPolicy, policy_to_json
 
 GROUP = "agenttx.io"
 VERSION = "v1alpha1"

@@ -14,14 +14,19 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .contracts.policy import DEPTH_MAX, DEPTH_MIN, FACTOR_MAX, FACTOR_MIN
+
 
 class DefaultPolicy(BaseModel):
     """Server-wide rollback defaults (SPEC §5), overridden by AgentTxPolicy and requests."""
 
-    max_local_depth: int = Field(3, ge=0, le=16, description="retries of a failing step before escalating")
-    max_global_resets: int = Field(1, ge=0, le=16, description="global resets before aborting")
+    max_local_depth: int = Field(3, ge=DEPTH_MIN, le=DEPTH_MAX,
+                                 description="retries of a failing step before escalating")
+    max_global_resets: int = Field(1, ge=DEPTH_MIN, le=DEPTH_MAX,
+                                   description="global resets before aborting")
     replay_budget_factor: float = Field(
-        2.0, ge=0.1, le=1000, description="undone steps allowed per highest step reached")
+        2.0, ge=FACTOR_MIN, le=FACTOR_MAX,
+        description="undone steps allowed per highest step reached")
 
     @field_validator("replay_budget_factor")
     @classmethod

@@ -23,16 +23,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from .api.servicer import AgentTxServicer, add_to_server
 from .auth import Authenticator, RateLimiter, check_listen_allowed, server_credentials_from_settings
 from .config import Settings
+from .contracts.layout import Keys
 from .effects.channels import ChannelRegistry
 from .effects.outbox import Dispatcher
+from .embedded_etcd import EmbeddedEtcd
 from .engine.engine import Engine
 from .engine.limits import RESPONSE_BYTES
 from .engine.policy import RollbackSettings
 from .observability import tracing
 from .observability.metrics import METRICS
 from .store.client import Store, connect
-from .store.embedded import EmbeddedEtcd
-from .store.layout import Keys
 from .tools.registry import ToolRegistry
 from .workers.policies import PolicyCache
 from .workers.reaper import Reaper
@@ -276,7 +276,7 @@ def _add_reflection(server: grpc.aio.Server) -> None:
     """gRPC server reflection (SPEC §10): `grpcurl list` shows the service and health."""
     from grpc_reflection.v1alpha import reflection
 
-    from ._proto import agenttx_pb2
+    from agenttx.v1 import agenttx_pb2
 
     names = (agenttx_pb2.DESCRIPTOR.services_by_name["AgentTxService"].full_name,
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

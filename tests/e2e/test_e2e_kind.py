@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from e2e_cluster import RELEASE, SYSTEM_NS, Cluster, service_channel, wait_for
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,8 @@ import grpc
 import pytest
 from e2e_cluster import AGENT, Cluster, projected_token_agent, service_channel, wait_for
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.e2e
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from agenttx.embedded_etcd import EmbeddedEtcd
 from agenttx.store.client import connect
-from agenttx.store.embedded import EmbeddedEtcd
 from support.service import Agent, ServiceProcess
 
 PREFIX = "/agenttx-it"

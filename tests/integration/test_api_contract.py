@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agenttx._proto import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2 as pb
 from support.rpc import KEYS, TIMEOUT_S, expect_error, expect_failure, get, output
 from support.service import Agent
 

@@ -18,9 +18,9 @@ import pytest
 from agenttx import errors
 from agenttx.auth import Authenticator, JwksCache, Principal, ServiceAccountVerifier
 from agenttx.config import Settings
+from agenttx.contracts.layout import Keys
+from agenttx.embedded_etcd import EmbeddedEtcd
 from agenttx.store.client import Store, connect
-from agenttx.store.embedded import EmbeddedEtcd
-from agenttx.store.layout import Keys
 from integration.test_auth_grpc import echo_server, refused, whoami
 from support.certs import K8S_ISSUER, ServiceAccountIssuer, jwks_document
 

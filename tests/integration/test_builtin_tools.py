@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
 from agenttx.engine.state import from_json
+from agenttx.v1 import agenttx_pb2 as pb
 from support.rpc import KEYS, expect_failure, output
 from support.service import Agent
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import helm_python
 import pytest
 
+from agenttx.embedded_etcd import find_etcd_binary, free_port
 from agenttx.errors import StoreUnavailable
 from agenttx.store.client import connect
-from agenttx.store.embedded import find_etcd_binary, free_port
 from support.chart import CHART, NS, container, env, one, render, secret_data
 
 DOMAIN = f"agenttx-etcd-peer.{NS}.svc"

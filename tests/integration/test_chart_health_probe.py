@@ -161,7 +161,7 @@ def test_probe_verifies_the_certificate_it_is_served(tmp_path: pathlib.Path, ser
 
 
 def test_probe_reports_a_closed_port(tmp_path: pathlib.Path) -> None:
-    from agenttx.store.embedded import free_port
+    from agenttx.embedded_etcd import free_port
 
     certs = issue(tmp_path / "tls", [x509.DNSName(SERVICE_DNS)])
     result = run_probe(VARIANTS["tls-secret"], certs, free_port())

@@ -33,7 +33,7 @@ from agenttx.client import (
     TransactionStatus,
     Unavailable,
 )
-from agenttx.store.embedded import free_port
+from agenttx.embedded_etcd import free_port
 from agenttx.testing import ServiceProcess
 
 

@@ -14,7 +14,7 @@ import uuid
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2 as pb
 from support.service import Agent, ServiceProcess
 
 FAST = ["--replica-ttl-s", "2", "--leader-ttl-s", "2", "--effect-claim-s", "3",

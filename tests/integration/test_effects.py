@@ -23,8 +23,8 @@ import pytest
 
 from agenttx.effects.channels import ChannelRegistry, Effect, message_id
 from agenttx.effects.outbox import Dispatcher, new_entry, outbox_key, pending
+from agenttx.embedded_etcd import free_port
 from agenttx.store.client import Store, connect, op_put
-from agenttx.store.embedded import free_port
 from agenttx.store.lease import LeaderLease, NotLeader
 from support.receivers import WebhookReceiver
 

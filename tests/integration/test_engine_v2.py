@@ -12,9 +12,9 @@ import uuid
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
 from agenttx.engine.state import from_json
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.rpc import KEYS, TIMEOUT_S, expect_error, expect_failure, get, output
 from support.service import Agent, ServiceProcess
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2 as pb
 from support.rpc import expect_error
 from support.service import Agent
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
+from agenttx.embedded_etcd import EmbeddedEtcd
 from agenttx.store.client import connect
-from agenttx.store.embedded import EmbeddedEtcd
+from agenttx.v1 import agenttx_pb2 as pb
 from support.certs import CertificateAuthority
 from support.rpc import expect_error, expect_failure, get, output
 from support.service import Agent, ServiceProcess

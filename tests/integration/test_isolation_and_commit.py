@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import grpc
 
-from agenttx._proto import agenttx_pb2 as pb
 from agenttx.engine.state import from_json
+from agenttx.v1 import agenttx_pb2 as pb
 from support.rpc import KEYS, TIMEOUT_S, expect_error, expect_failure, get
 from support.service import Agent
 

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from agenttx.store.embedded import EmbeddedEtcd
+from agenttx.embedded_etcd import EmbeddedEtcd
 from support.service import Agent, ServiceProcess
 
 

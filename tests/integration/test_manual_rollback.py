@@ -10,7 +10,7 @@ import shutil
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2 as pb
 from support.rpc import KEYS, expect_error, expect_failure, get
 from support.service import Agent
 

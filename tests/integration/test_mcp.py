@@ -31,8 +31,8 @@ from mcp import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from agenttx.client import Client, NotFound
+from agenttx.embedded_etcd import free_port
 from agenttx.mcp_server.catalog import CONTROL_TOOLS, HANDLE_SCHEMA, mcp_name
-from agenttx.store.embedded import free_port
 from agenttx.testing import ServiceProcess
 from agenttx.tools.registry import ToolRegistry
 from agenttx.tools.schema import input_schema
@@ -112,7 +112,7 @@ async def test_every_tool_is_listed_with_its_schema_and_truthful_annotations(svc
     assert all("." not in name for name in tools)
     for name in registry.names():
         schema = tools[mcp_name(name)].input_schema
-        expected = input_schema(registry.get(name).fields)
+        expected = input_schema(registry.get(name).fields, references=False)
         assert schema == {**expected, "properties": {**expected["properties"],
                                                       "transaction": HANDLE_SCHEMA}}, name
     wire = {n: t.model_dump(by_alias=True, exclude_none=True, mode="json")["annotations"]
@@ -267,9 +267,10 @@ async def test_open_transactions_are_aborted_when_the_stdio_server_exits(svc, sa
 
 
 async def test_an_unreachable_service_is_an_error_result(scratch):
-    async with McpClient(stdio(f"127.0.0.1:{free_port()}"), mode="legacy") as mcp:
+    target = f"127.0.0.1:{free_port()}"
+    async with McpClient(stdio(target), mode="legacy") as mcp:
         r = await mcp.call_tool("kv_put", {"key": "x", "value": 1})
-    assert r.is_error and text(r).startswith("AgentTx refused the call: UNAVAILABLE: ")
+    assert r.is_error and text(r).startswith(f"The AgentTx service at {target} is unreachable")
 
 
 # ---- streamable HTTP -----------------------------------------------------------------------

@@ -30,12 +30,12 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-import agenttx
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
+from agenttx import version as agenttx
+from agenttx.embedded_etcd import free_port
 from agenttx.observability import metrics as m
-from agenttx.store.embedded import free_port
 from agenttx.tools.registry import ToolRegistry
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.rpc import expect_error
 from support.service import Agent, ServiceProcess
 

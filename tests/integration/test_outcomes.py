@@ -7,8 +7,8 @@ import json
 import subprocess
 import sys
 
-from agenttx.outcomes import tasks
-from agenttx.outcomes.faults import FaultSchedule
+from agenttx_bench.outcomes import tasks
+from agenttx_bench.outcomes.faults import FaultSchedule
 
 RESULT_KEYS = {"system", "p", "tasks", "success", "success_rate", "partial", "corrupt",
                "duplicate_effects", "leaked_effects", "steps", "resent", "fault_free_steps",

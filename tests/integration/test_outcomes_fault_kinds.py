@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from agenttx.outcomes import oracle
-from agenttx.outcomes.faults import Fault, FaultKind
-from agenttx.outcomes.inject import Injector
-from agenttx.outcomes.plan import encode
-from agenttx.outcomes.runner import Bench
+from agenttx_bench.outcomes import oracle
+from agenttx_bench.outcomes.faults import Fault, FaultKind
+from agenttx_bench.outcomes.inject import Injector
+from agenttx_bench.outcomes.plan import encode
+from agenttx_bench.outcomes.runner import Bench
 
 MOVE = 2  # move-00: request draft move src take dst put manifest readback moved (10 calls)
 

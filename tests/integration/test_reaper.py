@@ -8,7 +8,7 @@ import uuid
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2 as pb
 from support.service import Agent, ServiceProcess
 
 

@@ -28,8 +28,8 @@ from typing import Any
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx.engine.policy import PublishedPolicy, policy_to_json
+from agenttx.contracts.policy import PublishedPolicy, policy_to_json
+from agenttx.v1 import agenttx_pb2 as pb
 from support.rpc import KEYS, expect_error, expect_failure
 from support.service import Agent, ServiceProcess
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2 as pb
 from support.rpc import expect_failure, output
 from support.service import Agent
 

@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from agenttx._proto import agenttx_pb2
+from agenttx.v1 import agenttx_pb2
 
 F = FieldDescriptor
 
@@ -51,7 +51,18 @@ def test_the_service_resolves_with_every_method_and_its_messages(reflected):
             for m in service.methods] == [
         (name, f"agenttx.v1.{name}Request", f"agenttx.v1.{name}Response")
         for name in ("BeginTransaction", "ExecuteStep", "CommitTransaction",
-                     "RollbackTransaction", "GetTransaction", "ListTransactions")]
+                     "RollbackTransaction", "GetTransaction", "ListTransactions")] + [
+        ("GetTransactionHistory", "agenttx.v1.GetTransactionHistoryRequest",
+         "agenttx.v1.TransactionHistory"),
+        ("ListTools", "agenttx.v1.ListToolsRequest", "agenttx.v1.ListToolsResponse"),
+        ("ListApprovals", "agenttx.v1.ListApprovalsRequest", "agenttx.v1.ListApprovalsResponse"),
+        ("DecideApproval", "agenttx.v1.DecideApprovalRequest",
+         "agenttx.v1.DecideApprovalResponse"),
+        ("ListDeadLetters", "agenttx.v1.ListDeadLettersRequest",
+         "agenttx.v1.ListDeadLettersResponse"),
+        ("RetryDeadLetter", "agenttx.v1.DeadLetterRequest", "agenttx.v1.DeadLetterResponse"),
+        ("DiscardDeadLetter", "agenttx.v1.DeadLetterRequest", "agenttx.v1.DeadLetterResponse"),
+        ("GetServiceStatus", "agenttx.v1.GetServiceStatusRequest", "agenttx.v1.ServiceStatus")]
     # the server describes exactly the file our generated code was built from
     served = descriptor_pb2.FileDescriptorProto()
     pool.FindFileContainingSymbol("agenttx.v1.AgentTxService").CopyToProto(served)

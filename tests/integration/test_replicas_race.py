@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from agenttx._proto import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2 as pb
 from support.rpc import TIMEOUT_S, get
 from support.service import Agent
 

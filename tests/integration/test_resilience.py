@@ -8,8 +8,8 @@ import uuid
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx.store.embedded import EmbeddedEtcd
+from agenttx.embedded_etcd import EmbeddedEtcd
+from agenttx.v1 import agenttx_pb2 as pb
 from support.service import Agent, ServiceProcess
 
 

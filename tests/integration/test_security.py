@@ -15,8 +15,6 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
 from agenttx.auth import hash_token
 from agenttx.client import (
     TLS,
@@ -27,9 +25,11 @@ from agenttx.client import (
     ResourceExhausted,
     Unauthenticated,
 )
-from agenttx.engine.policy import PublishedPolicy, policy_to_json
+from agenttx.contracts.layout import Keys
+from agenttx.contracts.policy import PublishedPolicy, policy_to_json
 from agenttx.store.client import connect
-from agenttx.store.layout import Keys
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.certs import (
     CertificateAuthority,
     ServiceAccountIssuer,

@@ -12,8 +12,8 @@ import time
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx.store.embedded import free_port
+from agenttx.embedded_etcd import free_port
+from agenttx.v1 import agenttx_pb2 as pb
 from support.service import Agent, ServiceProcess
 
 
@@ -80,7 +80,7 @@ def test_bad_security_settings_refuse_to_start_and_leave_no_etcd_behind(tmp_path
 def test_boolean_settings_work_as_bare_flags_or_with_a_value(argv, expected):
     import argparse
 
-    from agenttx.cli import _add_settings_flags, settings_from_args
+    from agenttx.commands import _add_settings_flags, settings_from_args
 
     parser = argparse.ArgumentParser()
     _add_settings_flags(parser)
@@ -94,7 +94,7 @@ def _etcd_processes() -> list[int]:
 
 
 def _stub(address: str):
-    from agenttx._proto import agenttx_pb2_grpc as pb_grpc
+    from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 
     return pb_grpc.AgentTxServiceStub(grpc.insecure_channel(address))
 

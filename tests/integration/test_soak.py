@@ -17,9 +17,9 @@ import uuid
 import grpc
 import pytest
 
-from agenttx._proto import agenttx_pb2 as pb
+from agenttx.contracts.layout import Keys
 from agenttx.store.client import connect
-from agenttx.store.layout import Keys
+from agenttx.v1 import agenttx_pb2 as pb
 from support.service import Agent, ServiceProcess
 
 AGENTS = 4

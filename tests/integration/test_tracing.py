@@ -22,12 +22,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
 from agenttx.config import Settings
+from agenttx.embedded_etcd import free_port
 from agenttx.observability import tracing
 from agenttx.server import serve
-from agenttx.store.embedded import free_port
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.service import Agent, ServiceProcess
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from agenttx.client import Client, TransactionStatus
-from agenttx.store.embedded import free_port
+from agenttx.embedded_etcd import free_port
 
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 

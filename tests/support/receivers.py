@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiosmtpd.controller import Controller
 
-from agenttx.store.embedded import free_port
+from agenttx.embedded_etcd import free_port
 from agenttx.testing.receivers import PostReceiver
 
 

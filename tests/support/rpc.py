@@ -13,8 +13,8 @@ from typing import Any
 
 import grpc
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx.store.layout import Keys
+from agenttx.contracts.layout import Keys
+from agenttx.v1 import agenttx_pb2 as pb
 
 TIMEOUT_S = 30.0
 # The integration replicas' --etcd-prefix (tests/integration/conftest.py).

@@ -11,9 +11,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
 from agenttx.testing import ServiceProcess
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 
 __all__ = ["Agent", "ServiceProcess"]
 

@@ -70,7 +70,7 @@ def pod_templates(docs: list[Doc]) -> list[tuple[str, Doc, Doc]]:
 def service_settings(dep: Doc, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The service's Settings exactly as `agenttx serve` builds them from this container's
     args and env (the downward-API namespace filled in as the kubelet would)."""
-    from agenttx.cli import _add_settings_flags, settings_from_args
+    from agenttx.commands import _add_settings_flags, settings_from_args
 
     c = container(dep, "agenttx")
     for e in c["env"]:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from agenttx.contracts.layout import Keys, fs_id
 from agenttx.engine.ops import (
     CommitSnapshot,
     StepChanges,
@@ -43,7 +44,6 @@ from agenttx.engine.state import (
     encode_step,
     encode_touched,
 )
-from agenttx.store.layout import Keys, fs_id
 from agenttx.store.ops import Delete, Get, Put, cmp_absent, cmp_mod, cmp_value
 
 KEYS = Keys("/p")

@@ -8,8 +8,10 @@ import json
 import pytest
 
 from agenttx.args.jsonargs import ArgumentsError, parse_arguments
-from agenttx.outcomes import tasks
-from agenttx.outcomes.faults import (
+from agenttx.tools.base import ToolError, validate_arguments
+from agenttx.tools.builtin import KvPut, RecordInsert
+from agenttx_bench.outcomes import tasks
+from agenttx_bench.outcomes.faults import (
     GARBLES,
     FaultKind,
     FaultSchedule,
@@ -18,10 +20,8 @@ from agenttx.outcomes.faults import (
     typo,
     with_wrong_value,
 )
-from agenttx.outcomes.oracle import ModelError, apply, expect
-from agenttx.outcomes.plan import encode, render_local
-from agenttx.tools.base import ToolError, validate_arguments
-from agenttx.tools.builtin import KvPut, RecordInsert
+from agenttx_bench.outcomes.oracle import ModelError, apply, expect
+from agenttx_bench.outcomes.plan import encode, render_local
 
 SUITE = tasks.suite(30)
 

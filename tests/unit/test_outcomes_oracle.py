@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agenttx.outcomes import tasks
-from agenttx.outcomes.oracle import ExternalWrite, Outcome, expect, judge, simulate
-from agenttx.outcomes.state import Delivered, State, digest
+from agenttx_bench.outcomes import tasks
+from agenttx_bench.outcomes.oracle import ExternalWrite, Outcome, expect, judge, simulate
+from agenttx_bench.outcomes.state import Delivered, State, digest
 
 NS = "run0042/"
 

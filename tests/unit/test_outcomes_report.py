@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agenttx.outcomes.records import BenchRun, RunRecord
-from agenttx.outcomes.report import summarize, table
+from agenttx_bench.outcomes.records import BenchRun, RunRecord
+from agenttx_bench.outcomes.report import summarize, table
 
 
 def rec(task: str, system: str, p: float, outcome: str, steps: int, *, dup: int = 0,

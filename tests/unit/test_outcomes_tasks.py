@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from agenttx.outcomes import tasks
-from agenttx.outcomes.faults import FaultKind, applicable
-from agenttx.outcomes.oracle import expect
-from agenttx.outcomes.plan import Ref, encode, render_agenttx, render_local
+from agenttx_bench.outcomes import tasks
+from agenttx_bench.outcomes.faults import FaultKind, applicable
+from agenttx_bench.outcomes.oracle import expect
+from agenttx_bench.outcomes.plan import Ref, encode, render_agenttx, render_local
 
 SUITE = tasks.suite(30)
 

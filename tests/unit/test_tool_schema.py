@@ -48,7 +48,10 @@ def _accepted(fields: Any, args: dict[str, Any]) -> bool:
 def test_builtin_schemas_are_exact():
     assert input_schema(BUILTINS.get("kv.put").fields) == {
         "type": "object",
-        "properties": {"key": {"type": "string"}, "value": {"description": "any JSON value"}},
+        "properties": {"key": {"type": "string"},
+                       "value": {"type": ["string", "number", "integer", "boolean", "object",
+                                          "array", "null"],
+                                 "description": "any JSON value"}},
         "required": ["key"],
         "additionalProperties": False,
     }

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .._proto import agenttx_pb2 as pb
+from collections.abc import Sequence
+
+from agenttx.v1 import agenttx_pb2 as pb
+
 from ..engine.model import (
     CommitOutcome,
     RollbackOutcome,
@@ -10,6 +13,7 @@ from ..engine.model import (
     TransactionPage,
     TransactionView,
 )
+from ..tools.describe import ToolDescription
 
 STEP_STATUS = {
     "SUCCESS": pb.STEP_STATUS_SUCCESS,
@@ -83,3 +87,10 @@ def list_response(page: TransactionPage) -> pb.ListTransactionsResponse:
             agent_id=t.agent_id, principal=t.principal, next_step_id=t.next_step_id,
             created_at=t.created_at, updated_at=t.updated_at) for t in page.transactions],
         next_page_token=page.next_page_token)
+
+
+def tools_response(tools: Sequence[ToolDescription]) -> pb.ListToolsResponse:
+    return pb.ListToolsResponse(tools=[
+        pb.ToolInfo(name=t.name, description=t.description,
+                    input_schema_json=t.input_schema_json, kind=t.kind, toolset=t.toolset)
+        for t in tools])

@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from .._proto import agenttx_pb2 as pb
-from .._proto import agenttx_pb2_grpc as pb_grpc
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
+
 from ..auth import Authenticator, RateLimiter
 from ..engine.engine import Engine
 from ..engine.model import ANONYMOUS, Caller
@@ -43,6 +44,7 @@ _MESSAGES: dict[str, tuple[Any, Any]] = {
     "RollbackTransaction": (pb.RollbackTransactionRequest, pb.RollbackTransactionResponse),
     "GetTransaction": (pb.GetTransactionRequest, pb.GetTransactionResponse),
     "ListTransactions": (pb.ListTransactionsRequest, pb.ListTransactionsResponse),
+    "ListTools": (pb.ListToolsRequest, pb.ListToolsResponse),
 }
 
 
@@ -199,3 +201,9 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
             status=convert.status_name(request.status),
             agent_id_prefix=request.agent_id_prefix)
         return convert.list_response(page)
+
+    @_guard
+    async def ListTools(self, request: pb.ListToolsRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext,
+                        caller: Caller) -> pb.ListToolsResponse:
+        return convert.tools_response(self.engine.list_tools(caller))

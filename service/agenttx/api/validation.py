@@ -10,6 +10,7 @@ import math
 import uuid
 from typing import Any
 
+from ..contracts.policy import DEPTH_MAX, DEPTH_MIN, FACTOR_MAX, FACTOR_MIN
 from ..engine.model import Caller
 from ..errors import InvalidArgument, NotFound, PermissionDenied
 
@@ -17,8 +18,8 @@ MAX_AGENT_ID_BYTES = 256
 MAX_METADATA_ENTRIES = 64
 MAX_TOOL_NAME_BYTES = 128
 MAX_DOCUMENT_BYTES = 1024 * 1024  # arguments_json and raw_context: 1 MiB each
-DEPTH_RANGE = (0, 16)
-FACTOR_RANGE = (0.1, 1000.0)
+DEPTH_RANGE = (DEPTH_MIN, DEPTH_MAX)
+FACTOR_RANGE = (FACTOR_MIN, FACTOR_MAX)
 
 
 def _bytes(text: str) -> int:

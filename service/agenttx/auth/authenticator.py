@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..config import Settings
+from ..contracts.layout import Keys
 from ..store.client import Store
-from ..store.layout import Keys
 from .kubernetes import JwksCache, ServiceAccountVerifier
 from .modes import AuthMode, check_listen_allowed, is_loopback_listen, parse_mode
 from .mtls import principal_from_auth_context

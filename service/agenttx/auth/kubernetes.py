@@ -27,9 +27,9 @@ from typing import Any
 
 import jwt
 
+from ..contracts.layout import Keys
 from ..errors import StoreUnavailable
 from ..store.client import Store, op_get
-from ..store.layout import Keys
 from .principal import Principal, expired, invalid
 
 log = logging.getLogger(__name__)

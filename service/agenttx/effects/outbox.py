@@ -62,10 +62,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..contracts.layout import Keys
 from ..errors import StoreError, StoreUnavailable
 from ..observability.metrics import METRICS
 from ..store.client import KeyValue, Store, cmp_mod, op_delete, op_put
-from ..store.layout import Keys
 from ..store.lease import LeaderLease, NotLeader
 from .channels import ChannelRegistry, DeliveryError, Effect
 
@@ -79,7 +79,7 @@ _MAX_ERROR_CHARS = 500
 _DELETE_ATTEMPTS = 3
 
 
-# Key layout lives in store.layout; these are thin, prefix-taking conveniences.
+# Key layout lives in contracts.layout; these are thin, prefix-taking conveniences.
 
 def outbox_prefix(prefix: str) -> bytes:
     return Keys(prefix).outbox_prefix()

@@ -22,10 +22,10 @@ import time
 from typing import Any
 
 from .. import failpoints
+from ..contracts.layout import Keys, describe_data_key
 from ..errors import Conflict, FailedPrecondition, NotFound, StoreUnavailable
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.layout import Keys, describe_data_key
 from ..store.ops import KeyValue, KeyValueStore
 from .cache import DataCache, TxCache, TxState
 from .model import Caller, CommitOutcome

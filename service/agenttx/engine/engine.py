@@ -1,6 +1,6 @@
 """The Engine facade: begin, step, commit, rollback, get, list, expire.
 
-All state lives in etcd (store.layout); replicas keep only caches that every write
+All state lives in etcd (contracts.layout); replicas keep only caches that every write
 validates, so any replica can serve any call. Every state change is ONE etcd
 transaction guarded by compare-and-swap on the transaction header's mod_revision.
 
@@ -31,11 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ..contracts.layout import Keys
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.layout import Keys
 from ..store.ops import Compare, Get, KeyValueStore, Put, cmp_absent, cmp_exists, prefix_end
+from ..tools.describe import ToolDescription, describe_all
 from ..tools.registry import ToolRegistry
 from .cache import DataCache, TxCache, TxState
 from .commit import Committer, RetentionLease
@@ -310,6 +311,12 @@ class Engine:
                 break
         note(listed=len(out))
         return TransactionPage(out, last if more else "")
+
+    # ---- tools -----------------------------------------------------------------------------
+
+    def list_tools(self, caller: Caller = ANONYMOUS) -> Sequence[ToolDescription]:
+        """The tools the caller may use, as ListTools shows them."""
+        return describe_all(self.tools)
 
     # ---- reaper ----------------------------------------------------------------------------
 

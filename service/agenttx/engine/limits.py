@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..store.layout import COMMIT_RESERVED_OPS
+from ..contracts.layout import COMMIT_RESERVED_OPS
 from .state import Budget
 
 MIB = 1024 * 1024

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..store.layout import Keys
+from ..contracts.layout import Keys
 from ..store.ops import (
     Compare,
     Delete,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..contracts.layout import Keys
 from ..errors import NotFound
-from ..store.layout import Keys
 from ..store.ops import Get, KeyValue, KeyValueStore, prefix_end
 from .cache import DataCache, TxCache, TxState
 from .state import (

@@ -1,6 +1,6 @@
 """What a transaction is in etcd: typed records and the one place they are (de)coded.
 
-Layout (store.layout):
+Layout (contracts.layout):
 
     txh/<id>               TxHeader     the compare-and-swap anchor; small and of constant
                                         size (counters and budgets, not lists of steps)

@@ -30,11 +30,11 @@ from .. import failpoints
 from ..args.jsonargs import ArgumentsError, dumps, parse_arguments
 from ..args.refs import Reference, ReferenceError_, find_references, offending_step, resolve
 from ..cleaner import clean_error
+from ..contracts.layout import Keys
 from ..errors import FailedPrecondition, NotFound, StoreUnavailable
 from ..observability import tracing
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.layout import Keys
 from ..store.ops import KeyValue
 from ..tools.base import RollbackKind, Tool, ToolError, validate_arguments
 from ..tools.registry import ToolRegistry

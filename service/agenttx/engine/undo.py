@@ -31,11 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .. import failpoints
+from ..contracts.layout import Keys
 from ..errors import FailedPrecondition, NotFound
 from ..observability import tracing
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.layout import Keys
 from ..store.ops import Compare, KeyValueStore, TxnResult
 from ..tools.registry import ToolRegistry
 from . import sandbox

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..args.jsonargs import dumps
-from ..store.layout import Keys, encode_id, fs_id
+from ..contracts.layout import Keys, encode_id, fs_id
 from ..store.ops import KeyValue
 from ..tools.base import ToolError
 from . import sandbox

@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .. import __version__
+from ..version import __version__
 
 RPCS = ("BeginTransaction", "ExecuteStep", "CommitTransaction", "RollbackTransaction",
         "GetTransaction", "ListTransactions")

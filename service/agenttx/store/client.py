@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Large enough for a step record (1 MiB arguments + 1 MiB context + an undo image);
-# matches the --max-request-bytes we give an embedded etcd (store.embedded).
+# matches the --max-request-bytes we give an embedded etcd (embedded_etcd).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Keys per page when a prefix is read in pages (SPEC §2: never one unbounded range).
 PAGE_SIZE = 256

@@ -2,7 +2,7 @@
 
 Why: tests of an agent, of a custom tool package or of AgentTx itself must talk to the
 service users run, never to an in-process fake. This module starts and stops exactly
-that (etcd from `agenttx.store.embedded`, `python -m agenttx serve` as a child process),
+that (etcd from `agenttx.embedded_etcd`, `python -m agenttx serve` as a child process),
 waits until it answers its gRPC health check, and cleans up after itself.
 
     from agenttx.testing import serve
@@ -44,9 +44,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .._proto import agenttx_pb2_grpc as pb_grpc
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
+
 from ..client import TLS, AsyncClient, Client
-from ..store.embedded import EmbeddedEtcd, free_port
+from ..embedded_etcd import EmbeddedEtcd, free_port
 
 __all__ = ["Service", "ServiceProcess", "free_port", "scratch_dir", "serve"]
 

@@ -38,7 +38,9 @@ _FIELD_TYPES: dict[ArgType, dict[str, Any]] = {
     ArgType.STRING: {"type": "string"},
     ArgType.ID: {"type": ["string", "number"]},
     ArgType.OBJECT: {"type": "object"},
-    ArgType.ANY: {"description": "any JSON value"},
+    # every JSON type spelled out, so a generic MCP client sends typed values (42, not "42")
+    ArgType.ANY: {"type": ["string", "number", "integer", "boolean", "object", "array", "null"],
+                  "description": "any JSON value"},
 }
 _ANNOTATIONS = ("title", "description", "default", "examples")
 _STRING_CONSTRAINTS = ("pattern", "enum", "const", "format", "minLength", "maxLength")

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from ..contracts.layout import Keys
 from ..engine.model import ANONYMOUS, Caller
 from ..engine.policy import (
     EffectivePolicy,
@@ -23,7 +24,6 @@ from ..engine.policy import (
     select_policy,
 )
 from ..store.client import Store, op_get_prefix
-from ..store.layout import Keys
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
+from ..contracts.layout import Keys
 from ..engine import sandbox
 from ..engine.engine import Engine
 from ..engine.state import AWAITING_ROLLBACK, decode_header
 from ..observability.metrics import METRICS
 from ..store.client import Store
-from ..store.layout import Keys
 from ..store.lease import LeaderLease, NotLeader
 
 log = logging.getLogger(__name__)

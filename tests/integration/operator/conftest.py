@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from operator_kmock import DEPLOYMENTS, EVENTS, POLICIES, PVCS, SERVICE_NS, ApiServer, service_deployment
 
+from agenttx.embedded_etcd import free_port
 from agenttx.store.client import Store, connect
-from agenttx.store.embedded import free_port
 from agenttx_operator.config import OperatorConfig
 
 

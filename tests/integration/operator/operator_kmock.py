@@ -27,9 +27,9 @@ import jwt
 import kmock
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from agenttx.engine.policy import PublishedPolicy, parse_published_policy
+from agenttx.contracts.layout import Keys
+from agenttx.contracts.policy import PublishedPolicy, parse_published_policy
 from agenttx.store.client import Store
-from agenttx.store.layout import Keys
 from agenttx_operator import jwks, main, reconcile
 from agenttx_operator.config import OperatorConfig
 from agenttx_operator.kube import Credentials

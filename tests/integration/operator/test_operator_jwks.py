@@ -21,10 +21,10 @@ from operator_kmock import (
     running_operator,
 )
 
+from agenttx.contracts.layout import Keys
+from agenttx.embedded_etcd import EmbeddedEtcd, free_port
 from agenttx.errors import StoreUnavailable
 from agenttx.store.client import Store
-from agenttx.store.embedded import EmbeddedEtcd, free_port
-from agenttx.store.layout import Keys
 from agenttx_operator import jwks, main
 
 pytestmark = pytest.mark.kmock(cls=ApiServer)

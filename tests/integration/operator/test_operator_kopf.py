@@ -35,9 +35,9 @@ from operator_kmock import (
     running_operator,
 )
 
+from agenttx.contracts.layout import Keys
+from agenttx.embedded_etcd import EmbeddedEtcd, free_port
 from agenttx.store.client import Store
-from agenttx.store.embedded import EmbeddedEtcd, free_port
-from agenttx.store.layout import Keys
 from agenttx_operator import handlers, main, reconcile
 from agenttx_operator.kube import Credentials, KubeClient
 
@@ -105,7 +105,7 @@ async def test_prefix_without_a_leading_slash_publishes_where_the_service_watche
     api: ApiServer, etcd_endpoint: str, store: Store
 ) -> None:
     """`agenttx operator --etcd-prefix agenttx` and `agenttx serve --etcd-prefix agenttx`
-    meet at /agenttx/policies/ (the service's key layout, agenttx.store.layout.Keys)."""
+    meet at /agenttx/policies/ (the service's key layout, agenttx.contracts.layout.Keys)."""
     prefix = f"agenttx-{uuid.uuid4().hex[:8]}"
     config = main.parse_config([
         "--etcd-endpoints", etcd_endpoint, "--etcd-prefix", prefix,

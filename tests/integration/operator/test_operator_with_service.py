@@ -29,8 +29,8 @@ from operator_kmock import (
     running_operator,
 )
 
-from agenttx._proto import agenttx_pb2 as pb
-from agenttx._proto import agenttx_pb2_grpc as pb_grpc
+from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from agenttx_operator import reconcile
 from support.service import ServiceProcess
 

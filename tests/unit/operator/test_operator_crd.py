@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agenttx.engine import policy as engine_policy
+from agenttx.contracts import policy as engine_policy
 from agenttx_operator import reconcile
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]

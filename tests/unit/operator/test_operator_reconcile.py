@@ -11,8 +11,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from agenttx.engine.policy import parse_published_policy
-from agenttx.store.layout import Keys
+from agenttx.contracts.layout import Keys
+from agenttx.contracts.policy import parse_published_policy
 from agenttx_operator import handlers, jwks, reconcile
 from agenttx_operator.config import OperatorConfig
 from agenttx_operator.reconcile import Target
@@ -145,7 +145,7 @@ def test_sandbox_path_uses_the_configured_mount_root() -> None:
 
 
 def test_operator_keys_are_the_service_keys() -> None:
-    """One key layout (agenttx.store.layout.Keys) for both processes, whichever way the
+    """One key layout (agenttx.contracts.layout.Keys) for both processes, whichever way the
     prefix is written."""
     for prefix in ("agenttx", "/agenttx", "/agenttx/"):
         config = OperatorConfig(_cli_parse_args=[], etcd_endpoints=["e:2379"],

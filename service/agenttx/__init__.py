@@ -1,3 +1,0 @@
-"""AgentTx: transactions for AI agents' tool calls."""
-
-__version__ = "0.1.0"
