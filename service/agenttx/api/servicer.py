@@ -236,8 +236,9 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
                               caller: Caller) -> pb.DeadLetterResponse:
         validation.admin_only(caller, "RetryDeadLetter")
         validation.dead_letter(request.idempotency_key, request.reason, reason_required=False)
-        rpc_context.note(idempotency_key=request.idempotency_key, reason=request.reason,
-                         owner=request.principal)
+        rpc_context.note(idempotency_key=request.idempotency_key, reason=request.reason)
+        if request.principal:
+            rpc_context.note(owner=request.principal)
         letter = await self._dead_letters().retry(request.idempotency_key, request.principal)
         rpc_context.note(tx=letter.entry.transaction_id, owner=letter.entry.owner,
                          channel=letter.entry.target, attempts=letter.entry.attempts)
@@ -249,8 +250,9 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
                                 caller: Caller) -> pb.DeadLetterResponse:
         validation.admin_only(caller, "DiscardDeadLetter")
         validation.dead_letter(request.idempotency_key, request.reason, reason_required=True)
-        rpc_context.note(idempotency_key=request.idempotency_key, reason=request.reason,
-                         owner=request.principal)
+        rpc_context.note(idempotency_key=request.idempotency_key, reason=request.reason)
+        if request.principal:
+            rpc_context.note(owner=request.principal)
         letter = await self._dead_letters().discard(request.idempotency_key,
                                                     request.principal)
         if letter is not None:
