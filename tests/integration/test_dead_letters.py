@@ -351,6 +351,31 @@ def test_listing_pages_through_every_dead_letter_in_key_order(deployment, a):
         a.discard_dead_letter(key, "test cleanup")
 
 
+async def test_the_async_client_lists_retries_and_discards_like_the_blocking_one(deployment):
+    rx = deployment.hooks
+    u = uuid.uuid4().hex[:6]
+    again, drop = f"async-again-{u}", f"async-drop-{u}"
+    rx.script(again, 410)
+    rx.script(drop, 410)
+    agent, _ = commit_effects(deployment.replicas[1], again, drop)
+    async with deployment.replicas[0].async_client() as client:
+        mine = [d async for d in client.dead_letters(page_size=1)
+                if d.idempotency_key in (again, drop)]
+        assert [(d.idempotency_key, d.transaction_id, d.attempts) for d in mine] == [
+            (again, agent.tx, 1), (drop, agent.tx, 1)]
+        page = await client.dead_letters_page(page_size=1)
+        assert len(page.dead_letters) == 1 and page.next_page_token
+        await client.retry_dead_letter(again)
+        await client.discard_dead_letter(drop, "async cleanup")
+        with pytest.raises(NotFound):
+            await client.discard_dead_letter(drop, "twice")
+        remaining = [d async for d in client.dead_letters() if d.idempotency_key in (again, drop)]
+        assert remaining == []
+    eventually(lambda: rx.answers(again) == [410, 200], slack(retried_within(1)),
+               "the retried letter delivered")
+    assert rx.answers(drop) == [410]
+
+
 # ---- who may ----------------------------------------------------------------------------
 
 TOKENS = {"alice-t0ken": ("alice", "team-a", ["agent"]),
