@@ -222,23 +222,34 @@ def _refused(exc: BaseException) -> bool:
 
 class WebhookSender:
     """POSTs effects to one webhook channel over a client kept for the channel's
-    lifetime (connection reuse). The client is created at the first delivery, inside the
-    running event loop."""
+    lifetime (connection reuse).
+
+    The client is built here, when the channels are configured (start-up), not at the
+    first delivery: building one loads a CA bundle, which costs hundreds of milliseconds
+    of blocked event loop and would eat the first delivery's timeout. An http:// channel
+    gets no TLS context at all; an https:// one verifies the receiver against the system's
+    CAs (`ssl.create_default_context`)."""
 
     def __init__(self, cfg: WebhookChannel) -> None:
         self.cfg = cfg
         parts = urllib.parse.urlsplit(cfg.url)
         # for messages: scheme, host and port only (never credentials, path or query)
         self.where = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
-        self._client: httpx2.AsyncClient | None = None
+        self._verify: ssl.SSLContext | bool = \
+            ssl.create_default_context() if parts.scheme == "https" else False
+        self._client: httpx2.AsyncClient | None = self._new_client()
+
+    def _new_client(self) -> httpx2.AsyncClient:
+        cfg = self.cfg
+        return httpx2.AsyncClient(
+            timeout=httpx2.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s or
+                                   cfg.timeout_s),
+            limits=_WEBHOOK_LIMITS, follow_redirects=False, trust_env=False,
+            verify=self._verify)
 
     def client(self) -> httpx2.AsyncClient:
-        if self._client is None:
-            cfg = self.cfg
-            self._client = httpx2.AsyncClient(
-                timeout=httpx2.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s or
-                                       cfg.timeout_s),
-                limits=_WEBHOOK_LIMITS, follow_redirects=False, trust_env=False)
+        if self._client is None:  # closed (shutdown) and used again
+            self._client = self._new_client()
         return self._client
 
     async def post(self, effect: Effect) -> None:
