@@ -23,11 +23,12 @@ from typing import Any
 
 from .. import failpoints
 from ..contracts.layout import Keys, describe_data_key
-from ..errors import Conflict, FailedPrecondition, NotFound, StoreUnavailable
+from ..errors import Conflict, FailedPrecondition, StoreUnavailable
 from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.ops import KeyValue, KeyValueStore
 from .cache import DataCache, TxCache, TxState
+from .current import on_current_state
 from .model import Caller, CommitOutcome
 from .ops import CommitSnapshot, commit_plan, is_data_key
 from .snapshot import Loader, not_found
@@ -87,29 +88,33 @@ class Committer:
 
     async def commit(self, caller: Caller, tx_id: str) -> CommitOutcome:
         note(tx=tx_id)
+
+        async def load() -> TxState:
+            return await self.loader.whole(tx_id, use_cache=False)
+
+        async def judge(state: TxState) -> TxState:
+            require_owner(state, caller)
+            state = await self.undoer.settle(state)
+            if not state.complete:
+                state = await self.loader.whole(tx_id, use_cache=False)
+            require_active(state.header)
+            return state
+
+        def on_stale(stale: Stale, from_cache: bool) -> bool:
+            if not from_cache:
+                raise FailedPrecondition(f"transaction {tx_id} was changed concurrently; "
+                                         "retry commit") from None
+            return False  # judged on a cached state that may be stale: ask etcd
+
+        def gave_up() -> Exception:
+            return FailedPrecondition(f"transaction {tx_id} kept changing concurrently; "
+                                      "retry commit")
+
         async with self.txs.locked(tx_id):
-            use_cache = True
-            for _ in range(4):
-                cached = self.txs.get(tx_id) if use_cache else None
-                state = cached if cached is not None and cached.complete else \
-                    await self.loader.whole(tx_id, use_cache=False)
-                try:
-                    require_owner(state, caller)
-                    state = await self.undoer.settle(state)
-                    if not state.complete:
-                        state = await self.loader.whole(tx_id, use_cache=False)
-                    require_active(state.header)
-                    return await self._commit(state)
-                except (FailedPrecondition, NotFound, Stale) as exc:
-                    if cached is None:
-                        if isinstance(exc, Stale):
-                            raise FailedPrecondition(f"transaction {tx_id} was changed "
-                                                     "concurrently; retry commit") from None
-                        raise
-                    # judged on a cached state that may be stale: ask etcd before answering
-                    self.txs.evict(tx_id)
-                    use_cache = False
-        raise FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry commit")
+            return await on_current_state(self.txs, tx_id, load=load, judge=judge,
+                                          act=self._commit, on_stale=on_stale,
+                                          gave_up=gave_up, attempts=4,
+                                          usable=lambda cached: cached.complete)
 
     async def _commit(self, state: TxState) -> CommitOutcome:
         h = state.header

@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..contracts.layout import Keys
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.ops import Compare, Get, KeyValueStore, Put, cmp_absent, cmp_exists, prefix_end
@@ -40,6 +40,7 @@ from ..tools.describe import ToolDescription, describe_all
 from ..tools.registry import ToolRegistry
 from .cache import DataCache, TxCache, TxState
 from .commit import Committer, RetentionLease
+from .current import on_current_state
 from .limits import Limits
 from .model import (
     ANONYMOUS,
@@ -195,50 +196,49 @@ class Engine:
     async def rollback(self, tx_id: str, to_step: int | None, reason: str,
                        caller: Caller = ANONYMOUS) -> RollbackOutcome:
         note(tx=tx_id, to_step=to_step, reason=reason[:200])
+        abort = not to_step
+
+        async def load() -> TxState:
+            return await self.loader.for_step(tx_id, (), (), use_cache=False)
+
+        async def judge(state: TxState) -> TxState:
+            if not caller.admin:
+                require_owner(state, caller)
+            state = await self.undoer.settle(state)
+            h = state.header
+            if to_step and to_step >= h.next_step_id:
+                raise InvalidArgument(
+                    f"to_step {to_step} is out of range: it must be lower than "
+                    f"next_step_id {h.next_step_id} (or 0 to abort)")
+            return state
+
+        async def act(state: TxState) -> RollbackOutcome:
+            h = state.header
+            order = [i for i in reversed(h.live) if abort or i >= (to_step or 0)]
+            records = await self.loader.records(state, order)
+            started = time.perf_counter()
+            result = await self.undoer.run(state, records, Target(to_step or 0, abort, False),
+                                           base=replace(h, updated_at=time.time()))
+            note(undone=result.done, errors=result.errors)
+            strategy = "manual" if to_step else "abort"
+            METRICS.rollbacks.labels(strategy).inc()
+            METRICS.rollback_duration.labels(strategy).observe(time.perf_counter() - started)
+            if result.errors:
+                assert result.header is not None
+                return RollbackOutcome(False, result.header.next_step_id, len(result.done),
+                                       result.errors)
+            if abort:
+                METRICS.transactions_ended.labels("aborted").inc()
+            return RollbackOutcome(True, 0 if abort else int(to_step or 0), len(result.done),
+                                   [])
+
+        def gave_up() -> Exception:
+            return FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry")
+
         async with self.txs.locked(tx_id):
-            use_cache = True
-            for _ in range(4):
-                cached = self.txs.get(tx_id) if use_cache else None
-                state = cached or await self.loader.for_step(tx_id, (), (), use_cache=False)
-                try:
-                    if not caller.admin:
-                        require_owner(state, caller)
-                    state = await self.undoer.settle(state)
-                    h = state.header
-                    if to_step and to_step >= h.next_step_id:
-                        raise InvalidArgument(
-                            f"to_step {to_step} is out of range: it must be lower than "
-                            f"next_step_id {h.next_step_id} (or 0 to abort)")
-                except (InvalidArgument, FailedPrecondition, NotFound):
-                    if cached is None:
-                        raise
-                    self.txs.evict(tx_id)  # judged on a cached state: ask etcd
-                    use_cache = False
-                    continue
-                abort = not to_step
-                order = [i for i in reversed(h.live) if abort or i >= (to_step or 0)]
-                records = await self.loader.records(state, order)
-                started = time.perf_counter()
-                try:
-                    result = await self.undoer.run(state, records,
-                                                   Target(to_step or 0, abort, False),
-                                                   base=replace(h, updated_at=time.time()))
-                except Stale:
-                    use_cache = False
-                    continue
-                note(undone=result.done, errors=result.errors)
-                strategy = "manual" if to_step else "abort"
-                METRICS.rollbacks.labels(strategy).inc()
-                METRICS.rollback_duration.labels(strategy).observe(time.perf_counter() - started)
-                if result.errors:
-                    assert result.header is not None
-                    return RollbackOutcome(False, result.header.next_step_id, len(result.done),
-                                           result.errors)
-                if abort:
-                    METRICS.transactions_ended.labels("aborted").inc()
-                return RollbackOutcome(True, 0 if abort else int(to_step or 0),
-                                       len(result.done), [])
-        raise FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry")
+            return await on_current_state(self.txs, tx_id, load=load, judge=judge, act=act,
+                                          on_stale=lambda stale, from_cache: False,
+                                          gave_up=gave_up, attempts=4)
 
     # ---- get / list ----------------------------------------------------------------------
 
