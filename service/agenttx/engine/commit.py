@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import failpoints
@@ -26,9 +27,10 @@ from ..contracts.layout import Keys, describe_data_key
 from ..errors import Conflict, FailedPrecondition, StoreUnavailable
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.ops import KeyValue, KeyValueStore
+from ..store.ops import KeyValue, KeyValueStore, Put
 from .cache import DataCache, TxCache, TxState
 from .current import on_current_state
+from .history import ABORTED, COMMITTED, Ending
 from .model import Caller, CommitOutcome
 from .ops import CommitSnapshot, commit_plan, is_data_key
 from .snapshot import Loader, not_found
@@ -48,10 +50,14 @@ class RetentionLease:
     `retention_s + bucket` after their commit, then etcd deletes them. `keep_fresh`
     (a background task) grants the next lease before commits need it."""
 
-    def __init__(self, store: KeyValueStore, retention_s: int) -> None:
+    def __init__(self, store: KeyValueStore, retention_s: int, *,
+                 registry: Callable[[int, int], bytes] | None = None) -> None:
         self.store = store
         self.retention_s = retention_s
         self.bucket_s = max(1, min(3600, retention_s // 4))
+        # registry(granted_ms, lease) -> key: each lease is also recorded under a key on
+        # itself, so whoever must keep some of them alive finds them by time (history).
+        self.registry = registry
         self._lease = 0
         self._granted_at = 0.0
 
@@ -64,9 +70,14 @@ class RetentionLease:
         return self._lease
 
     async def renew(self) -> None:
+        granted_at = time.monotonic()
         lease, _ = await self.store.grant_lease(self.retention_s + self.bucket_s,
                                                 what="lease retention")
-        self._lease, self._granted_at = lease, time.monotonic()
+        if self.registry is not None:  # used only once findable
+            key = self.registry(int(time.time() * 1000), lease)
+            await self.store.txn([], [Put(key, str(lease).encode(), lease=lease)],
+                                 what="lease retention")
+        self._lease, self._granted_at = lease, granted_at
 
     async def keep_fresh(self) -> None:
         """Renew a little before each bucket ends; etcd outages are retried."""
@@ -110,20 +121,25 @@ class Committer:
             return FailedPrecondition(f"transaction {tx_id} kept changing concurrently; "
                                       "retry commit")
 
+        async def act(state: TxState) -> CommitOutcome:
+            return await self._commit(state, caller)
+
         async with self.txs.locked(tx_id):
             return await on_current_state(self.txs, tx_id, load=load, judge=judge,
-                                          act=self._commit, on_stale=on_stale,
+                                          act=act, on_stale=on_stale,
                                           gave_up=gave_up, attempts=4,
                                           usable=lambda cached: cached.complete)
 
-    async def _commit(self, state: TxState) -> CommitOutcome:
+    async def _commit(self, state: TxState, caller: Caller) -> CommitOutcome:
         h = state.header
         effects = [e for step in sorted(state.effects) for e in state.effects[step]]
         outbox = [self._outbox_entry(h.id, seq, e) for seq, e in enumerate(effects, 1)]
         lease = await self.retention.lease_id() if effects else 0
         snap = CommitSnapshot(h, state.rev, dict(state.entries), effects, outbox)
-        plan = commit_plan(self.keys, snap, reservation_lease=lease)
         steps = h.next_step_id - 1
+        ended = await self.undoer.history.end(h, Ending(COMMITTED, caller.principal),
+                                              steps_committed=steps, effects=len(effects))
+        plan = commit_plan(self.keys, snap, reservation_lease=lease, history=[ended])
         try:
             res = await self.store.txn(plan.compares, plan.success, plan.failure, what="commit")
         except StoreUnavailable:
@@ -149,7 +165,7 @@ class Committer:
         METRICS.cas_conflicts.labels("commit").inc()
         conflicts = await self._conflicts(state)
         why = f"conflict on {', '.join(conflicts) or 'a key it read'}"
-        await self._compensate_and_end(state, why)
+        await self._compensate_and_end(state, why, caller)
         METRICS.transactions_ended.labels("conflict").inc()
         raise Conflict(
             f"commit aborted: {why} (another transaction committed it after transaction "
@@ -187,11 +203,13 @@ class Committer:
                     out.append(describe_data_key(self.keys, dk))
         return out[:5]
 
-    async def _compensate_and_end(self, state: TxState, why: str) -> None:
+    async def _compensate_and_end(self, state: TxState, why: str, caller: Caller) -> None:
         live = list(reversed(state.header.live))
         records = await self.loader.records(state, live)
+        ending = Ending(ABORTED, caller.principal, f"commit aborted: {why}")
         try:
-            result = await self.undoer.run(state, records, Target(0, True, False))
+            result = await self.undoer.run(state, records, Target(0, True, False,
+                                                                  ending=ending))
         except Stale:
             raise FailedPrecondition(f"transaction {state.header.id} was changed concurrently "
                                      "while its conflict was being compensated") from None

@@ -32,15 +32,17 @@ from dataclasses import replace
 from typing import Any
 
 from ..contracts.layout import Keys
-from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.ops import Compare, Get, KeyValueStore, Put, cmp_absent, cmp_exists, prefix_end
 from ..tools.describe import ToolDescription, describe_all
 from ..tools.registry import ToolRegistry
+from . import history as hist
 from .cache import DataCache, TxCache, TxState
 from .commit import Committer, RetentionLease
 from .current import on_current_state
+from .history import ABORTED, EXPIRED, Ending, HistoryWriter, OpenLeases, history_header_bytes
 from .limits import Limits
 from .model import (
     ANONYMOUS,
@@ -49,6 +51,7 @@ from .model import (
     ContextItem,
     RollbackOutcome,
     StepOutcome,
+    TransactionHistory,
     TransactionPage,
     TransactionSummary,
     TransactionView,
@@ -93,6 +96,7 @@ class Engine:
         dispatcher: Any = None,
         max_open_transactions: int = 1000,
         effect_key_retention_s: int = 86400,
+        history_retention_s: int = 604800,
         cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.store = store
@@ -106,7 +110,15 @@ class Engine:
         self.txs = TxCache(cache_bytes)
         self.data = DataCache(cache_bytes // 4)
         self.loader = Loader(store, keys, self.txs, self.data)
-        self.undoer = Undoer(store, keys, tools, self.loader, self.txs, self.data, replica_id)
+        # History keys live on shared leases (engine.history): one per replica and bucket,
+        # registered by grant time so the reaper keeps alive those open transactions use.
+        self.history_lease = RetentionLease(
+            store, history_retention_s,
+            registry=lambda ms, lease: keys.retention_lease("history", ms, lease))
+        self.history_writer = HistoryWriter(keys, self.history_lease.lease_id)
+        self.open_history = OpenLeases(store, keys, self.history_lease.bucket_s)
+        self.undoer = Undoer(store, keys, tools, self.loader, self.txs, self.data, replica_id,
+                             self.history_writer)
         self.steps = Stepper(store=store, keys=keys, tools=tools, loader=self.loader,
                              undoer=self.undoer, txs=self.txs, data=self.data,
                              limits=self.limits, replica_id=replica_id,
@@ -217,7 +229,9 @@ class Engine:
             order = [i for i in reversed(h.live) if abort or i >= (to_step or 0)]
             records = await self.loader.records(state, order)
             started = time.perf_counter()
-            result = await self.undoer.run(state, records, Target(to_step or 0, abort, False),
+            ending = Ending(ABORTED, caller.principal, reason) if abort else None
+            result = await self.undoer.run(state, records,
+                                           Target(to_step or 0, abort, False, ending=ending),
                                            base=replace(h, updated_at=time.time()))
             note(undone=result.done, errors=result.errors)
             strategy = "manual" if to_step else "abort"
@@ -283,10 +297,39 @@ class Engine:
             except FailedPrecondition:
                 return header
 
+    async def history(self, tx_id: str, caller: Caller = ANONYMOUS) -> TransactionHistory:
+        """GetTransactionHistory: the owner's or an admin's view of an open transaction
+        or of one that ended within the history retention; NOT_FOUND for anyone else,
+        exactly as for an unknown id. One read (header, end record, entries)."""
+        note(tx=tx_id)
+        recorded = await hist.read(self.store, self.keys, tx_id, decode_header)
+        h, end = recorded.header, recorded.end
+        if h is not None:
+            view = TransactionHistory(h.id, h.status, h.agent_id, h.principal, h.created_at,
+                                      0.0, "", "", 0, 0, [])
+        elif end is not None:
+            view = TransactionHistory(tx_id, end.status, end.agent_id, end.principal,
+                                      end.created_at, end.ended_at, end.ended_by, end.reason,
+                                      end.steps_committed, end.effects, [])
+        else:
+            raise NotFound(f"transaction {tx_id} not found (unknown, or its history is "
+                           "older than the history retention)")
+        if view.principal != caller.principal and not caller.admin:
+            raise NotFound(f"transaction {tx_id} not found (unknown, or its history is "
+                           "older than the history retention)")
+        budget = self.limits.response_budget - history_header_bytes(view)
+        view.steps = hist.fit(recorded.entries, budget)
+        note(history_steps=len(view.steps))
+        return view
+
+    async def keep_history_alive(self, oldest_open: float | None) -> int:
+        """Keep the history of open transactions from expiring (the reaper calls it)."""
+        return await self.open_history.keep_alive(oldest_open)
+
     async def list(self, caller: Caller, *, page_size: int = 0, page_token: str = "",
                    status: str = "", agent_id_prefix: str = "") -> TransactionPage:
-        """Open transactions, a page at a time, in id order (admin principals only once
-        authentication is on: the servicer checks). Reads headers only."""
+        """Open transactions, a page at a time, in id order: an admin's view holds every
+        transaction, anyone else's only their own. Reads headers only."""
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         prefix = self.keys.headers_prefix()
         start = prefix + page_token.encode() + b"\x00" if page_token else None
@@ -298,6 +341,8 @@ class Engine:
             for kv in page:
                 h = decode_header(kv.value)
                 last = h.id
+                if not caller.admin and h.principal != caller.principal:
+                    continue
                 if status and h.status != status:
                     continue
                 if agent_id_prefix and not h.agent_id.startswith(agent_id_prefix):
@@ -321,17 +366,21 @@ class Engine:
     # ---- reaper ----------------------------------------------------------------------------
 
     async def expire(self, tx_id: str, header_rev: int,
-                     fence: Callable[[], Sequence[Compare]]) -> bool:
+                     fence: Callable[[], Sequence[Compare]], idle_timeout_s: float = 0) -> bool:
         """Abort an idle transaction and compensate it. Every write carries `fence()`
         (the reaper's leadership compares), so a paused ex-leader cannot act. Returns
-        False when the transaction moved on meanwhile (it is not idle any more)."""
+        False when the transaction moved on meanwhile (it is not idle any more). Its
+        history says EXPIRED, ended by "reaper"."""
         async with self.txs.locked(tx_id):
             state = await self.loader.for_step(tx_id, (), (), use_cache=False)
             if state.rev != header_rev:
                 return False
             records = await self.loader.records(state, list(reversed(state.header.live)))
+            idle = idle_timeout_s or state.header.policy.idle_timeout_s
+            ending = Ending(EXPIRED, "reaper", f"no call for {idle:g} s (idle timeout)")
             try:
-                result = await self.undoer.run(state, records, Target(0, True, False),
+                result = await self.undoer.run(state, records,
+                                               Target(0, True, False, ending=ending),
                                                fence=fence)
             except Stale:
                 return False

@@ -41,6 +41,7 @@ from ..tools.registry import ToolRegistry
 from . import sandbox
 from .cache import DataCache, TxCache, TxState
 from .current import on_current_state
+from .history import ABORTED, Ending, HistoryEntry
 from .limits import Limits, add_constraint, check_step, context_cost
 from .model import Caller, StepOutcome
 from .ops import (
@@ -261,7 +262,7 @@ class Stepper:
             attempt.refs, attempt.provenance = set(resolution.referenced), resolution.provenance
             args = validate_arguments(resolution.value, tool.fields)
             attempt.result = await tool.execute(args, view)
-            applied = self._success(attempt, attempt.result.output)
+            applied = await self._success(attempt, attempt.result.output)
         except ToolError as exc:
             return await self._failed(attempt, exc.message, exc.argument, exc.data)
         except (Stale, NotFound, FailedPrecondition, StoreUnavailable):
@@ -274,7 +275,7 @@ class Stepper:
             return await self._failed(attempt, str(exc) or type(exc).__name__, None, None)
         return await self._apply(attempt, applied)
 
-    def _success(self, attempt: Attempt, output: Any) -> Applied:
+    async def _success(self, attempt: Attempt, output: Any) -> Applied:
         request, state, view = attempt.request, attempt.state, attempt.view
         h = state.header
         output_json = dumps(output)
@@ -295,15 +296,18 @@ class Stepper:
         new_header = replace(
             h, next_step_id=request.step_id + 1, attempts=0,
             highest_step=max(h.highest_step, request.step_id), updated_at=now,
-            budget=h.budget.plus(delta),
+            budget=h.budget.plus(delta), history_seq=h.history_seq + 1,
             fs_pending=FsPending(request.step_id, view.attempt, self.replica_id, now,
                                  fs.record.target) if fs is not None else None)
         changes = StepChanges(observed=view.observed, entries=entries, assumed=view.assumed,
                               effects=view.effects,
                               reservations=view.effect_keys, lock_new=view.lock_new,
                               lock_held=view.lock_held)
+        entry = HistoryEntry.of(request.step_id, request.tool_name, "SUCCESS",
+                                arguments_json=request.arguments_json, output_json=output_json)
         plan = step_plan(self.keys, h, state.rev, new_header, record, request.raw_context,
-                         changes)
+                         changes, history=[await self.undoer.history.entry(
+                             h.id, h.history_seq, entry)])
         message = check_step(self.limits, new_header.budget, step_compares=len(plan.compares),
                              step_ops=len(plan.success), step_bytes=plan.request_bytes,
                              output_bytes=len(output_json.encode()), constraints=h.constraints)
@@ -396,8 +400,10 @@ class Stepper:
         state = TxState(header=header, rev=rev, entries=dict(attempt.state.entries),
                         complete=False)
         state.records[record.step_id] = record
+        # the failure's history entry takes the place of the SUCCESS one the CAS wrote
         await self.undoer.run(state, [record], Target(record.step_id, False, False),
-                              base=replace(header, fs_pending=None))
+                              base=replace(header, fs_pending=None,
+                                           history_seq=header.history_seq - 1))
         await attempt.view.discard()
         fresh = await self.loader.for_step(header.id, (), (), use_cache=False)
         path = record.fs.path if record.fs is not None else "?"
@@ -494,13 +500,22 @@ class Stepper:
         observations = observation_entries(observed, known)
         base = replace(h, constraints=constraints, highest_step=highest, updated_at=time.time(),
                        fs_pending=None)
-        tool_label = _tool_label(self.tools, attempt.request.tool_name)
+        request = attempt.request
+        tool_label = _tool_label(self.tools, request.tool_name)
+        entry = HistoryEntry.of(
+            step_id, request.tool_name,
+            "FAILED" if plan.strategy is Strategy.ABORT else "ROLLBACK_TRIGGERED",
+            arguments_json=request.arguments_json, category=cleaned.category,
+            hint=cleaned.hint, strategy=plan.strategy.value)
         if plan.strategy is Strategy.LOCAL_BACKTRACK:
-            new = replace(base, attempts=attempts, budget=replace(
-                h.budget, read_keys=h.budget.read_keys + len(observations)))
+            new = replace(base, attempts=attempts, history_seq=h.history_seq + 1,
+                          budget=replace(h.budget,
+                                         read_keys=h.budget.read_keys + len(observations)))
             txn_plan = step_plan(self.keys, h, state.rev, new, None, "",
                                  StepChanges(observed=observed, entries=observations,
-                                             assumed=assumed))
+                                             assumed=assumed),
+                                 history=[await self.undoer.history.entry(
+                                     h.id, h.history_seq, entry)])
             res = await self.undoer.send(state, txn_plan, "step")
             self._remember_failure(state, new, res.revision, observations)
             _count_failure(tool_label, outcome)
@@ -510,8 +525,9 @@ class Stepper:
         result = await self.undoer.run(
             state, records,
             Target(plan.next_step_id, plan.strategy is Strategy.ABORT, True,
-                   plan.global_resets, h.replay_used + len(plan.undo)),
-            base=base, observed=assumed, observations=observations)
+                   plan.global_resets, h.replay_used + len(plan.undo),
+                   Ending(ABORTED, request.caller.principal, plan.abort_reason)),
+            base=base, observed=assumed, observations=observations, failed=entry)
         outcome.rollback_latency_ms = (time.perf_counter() - started) * 1000.0
         if result.errors:
             assert result.header is not None
