@@ -134,6 +134,8 @@ def _answers_to(b: ServiceProcess, target: str, uniq: str) -> dict[str, object]:
         "RollbackTransaction": ("RollbackTransaction",
                                 pb.RollbackTransactionRequest(transaction_id=target)),
         "GetTransaction": ("GetTransaction", pb.GetTransactionRequest(transaction_id=target)),
+        "GetTransactionHistory": ("GetTransactionHistory",
+                                  pb.GetTransactionHistoryRequest(transaction_id=target)),
     }
     out: dict[str, object] = {}
     for name, (method, req) in calls.items():
@@ -159,10 +161,15 @@ def test_an_admin_may_get_and_roll_back_anyones_transaction_but_not_step_it(toke
             arguments_json='{"key": "x"}'), "root-t0ken")) == grpc.StatusCode.NOT_FOUND
         assert code_of(lambda: raw(b, "CommitTransaction", pb.CommitTransactionRequest(
             transaction_id=tx.id), "root-t0ken")) == grpc.StatusCode.NOT_FOUND
-        result = ops.rollback(tx.id)
+        assert ops.history(tx.id).steps[0].tool == "kv.put"  # an admin reads any history
+        result = ops.rollback(tx.id, reason="resolved by ops")
         assert result.rolled_back
         with pytest.raises(NotFound):
             alice.get(tx.id)
+        # the owner learns who ended it, and why
+        ended = alice.history(tx.id)
+        assert (ended.status.value, ended.principal, ended.ended_by, ended.reason) == \
+            ("ABORTED", "alice", "ops", "resolved by ops")
 
 
 def test_a_plaintext_client_is_refused_by_a_tls_only_server(token_replicas):

@@ -11,7 +11,6 @@
     <prefix>/touch/<id>               last read-only activity (GetTransaction), for the reaper
     <prefix>/hist/<id>/h              how an ended transaction ended (GetTransactionHistory)
     <prefix>/hist/<id>/s/<seq:010d>   one entry per step sent, failed attempts included
-    <prefix>/leases/<use>/<ms>/<id>   a shared retention lease of one replica and time bucket
     <prefix>/open/<principal>/<slot>  one of the principal's --max-open-transactions slots
     <prefix>/data/kv/<key>            committed kv values
     <prefix>/data/rec/<table>/<id>    committed record rows (id JSON-encoded: 7 != "7")
@@ -139,14 +138,6 @@ class Keys:
         """The `seq`-th step sent to the transaction (a step id repeats when it failed
         and was retried; `seq` never does)."""
         return self._k("hist", tx_id, "s", f"{seq:010d}")
-
-    def retention_lease(self, use: str, granted_ms: int, lease_id: int) -> bytes:
-        """A shared retention lease (`use`: "history"), named by when it was granted, so
-        whoever keeps the leases of open transactions alive finds them by time."""
-        return self._k("leases", use, f"{granted_ms:015d}", f"{lease_id:x}")
-
-    def retention_leases_prefix(self, use: str) -> bytes:
-        return self._k("leases", use, "")
 
     # committed data
     def kv(self, key: str) -> bytes:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from .. import failpoints
@@ -27,7 +26,7 @@ from ..contracts.layout import Keys, describe_data_key
 from ..errors import Conflict, FailedPrecondition, StoreUnavailable
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.ops import KeyValue, KeyValueStore, Put
+from ..store.ops import KeyValue, KeyValueStore
 from .cache import DataCache, TxCache, TxState
 from .current import on_current_state
 from .history import ABORTED, COMMITTED, Ending
@@ -50,14 +49,10 @@ class RetentionLease:
     `retention_s + bucket` after their commit, then etcd deletes them. `keep_fresh`
     (a background task) grants the next lease before commits need it."""
 
-    def __init__(self, store: KeyValueStore, retention_s: int, *,
-                 registry: Callable[[int, int], bytes] | None = None) -> None:
+    def __init__(self, store: KeyValueStore, retention_s: int) -> None:
         self.store = store
         self.retention_s = retention_s
         self.bucket_s = max(1, min(3600, retention_s // 4))
-        # registry(granted_ms, lease) -> key: each lease is also recorded under a key on
-        # itself, so whoever must keep some of them alive finds them by time (history).
-        self.registry = registry
         self._lease = 0
         self._granted_at = 0.0
 
@@ -70,14 +65,9 @@ class RetentionLease:
         return self._lease
 
     async def renew(self) -> None:
-        granted_at = time.monotonic()
         lease, _ = await self.store.grant_lease(self.retention_s + self.bucket_s,
                                                 what="lease retention")
-        if self.registry is not None:  # used only once findable
-            key = self.registry(int(time.time() * 1000), lease)
-            await self.store.txn([], [Put(key, str(lease).encode(), lease=lease)],
-                                 what="lease retention")
-        self._lease, self._granted_at = lease, granted_at
+        self._lease, self._granted_at = lease, time.monotonic()
 
     async def keep_fresh(self) -> None:
         """Renew a little before each bucket ends; etcd outages are retried."""

@@ -42,7 +42,14 @@ from . import history as hist
 from .cache import DataCache, TxCache, TxState
 from .commit import Committer, RetentionLease
 from .current import on_current_state
-from .history import ABORTED, EXPIRED, Ending, HistoryWriter, OpenLeases, history_header_bytes
+from .history import (
+    ABORTED,
+    EXPIRED,
+    Ending,
+    HistoryWriter,
+    PinnedLeases,
+    history_header_bytes,
+)
 from .limits import Limits
 from .model import (
     ANONYMOUS,
@@ -110,13 +117,11 @@ class Engine:
         self.txs = TxCache(cache_bytes)
         self.data = DataCache(cache_bytes // 4)
         self.loader = Loader(store, keys, self.txs, self.data)
-        # History keys live on shared leases (engine.history): one per replica and bucket,
-        # registered by grant time so the reaper keeps alive those open transactions use.
-        self.history_lease = RetentionLease(
-            store, history_retention_s,
-            registry=lambda ms, lease: keys.retention_lease("history", ms, lease))
+        # History keys live on shared leases (engine.history): one per replica and time
+        # bucket; the reaper keeps alive those open transactions pinned.
+        self.history_lease = RetentionLease(store, history_retention_s)
         self.history_writer = HistoryWriter(keys, self.history_lease.lease_id)
-        self.open_history = OpenLeases(store, keys, self.history_lease.bucket_s)
+        self.pinned_history = PinnedLeases(store, self.history_lease.bucket_s)
         self.undoer = Undoer(store, keys, tools, self.loader, self.txs, self.data, replica_id,
                              self.history_writer)
         self.steps = Stepper(store=store, keys=keys, tools=tools, loader=self.loader,
@@ -322,9 +327,10 @@ class Engine:
         note(history_steps=len(view.steps))
         return view
 
-    async def keep_history_alive(self, oldest_open: float | None) -> int:
-        """Keep the history of open transactions from expiring (the reaper calls it)."""
-        return await self.open_history.keep_alive(oldest_open)
+    async def keep_history_alive(self, pinned: set[int]) -> int:
+        """Keep the history of open transactions from expiring: `pinned` are the leases
+        their headers name (the reaper calls it after each sweep)."""
+        return await self.pinned_history.keep_alive(pinned)
 
     async def list(self, caller: Caller, *, page_size: int = 0, page_token: str = "",
                    status: str = "", agent_id_prefix: str = "") -> TransactionPage:

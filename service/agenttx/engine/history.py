@@ -14,10 +14,13 @@ what step 1's does.
 
 Retention without a sweeper: every history key is put with a lease shared by the keys
 written in one time bucket (`commit.RetentionLease`, `--history-retention-s`); etcd
-deletes them when it expires. A transaction still open keeps its entries: the reaper
-keeps alive every history lease granted since the oldest open transaction began
-(`keep_open_alive`), so a lease stops being refreshed only once nothing open may use it,
-and expires at least `--history-retention-s` after the transactions that used it ended.
+deletes them when it expires. A transaction's entries all go on one lease, pinned in
+its header by its first entry (`TxHeader.history_lease`), and the reaper keeps alive
+the pinned leases of open transactions (`PinnedLeases`): an open transaction's history
+never expires, and an ended one's lease stops being refreshed and expires at least
+`--history-retention-s` later. The end record goes on the current bucket's lease. One
+stuck transaction keeps alive only the lease it shares with the few transactions that
+pinned the same one, never the history written after it.
 
 What it must never do: grow a key per transaction (a document appended to), or read
 anything but the one transaction's keys.
@@ -25,13 +28,16 @@ anything but the one transaction's keys.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..contracts.layout import Keys
 from ..store.ops import Get, KeyValueStore, Put, prefix_end
 from .state import TxHeader, from_json, to_json
+
+log = logging.getLogger(__name__)
 
 # docs/client.md, "History": arguments and output at most 4096 bytes of UTF-8 each; a
 # longer text is cut and ends with "…" (the 4096 include it).
@@ -144,9 +150,18 @@ class HistoryWriter:
         self.keys = keys
         self._lease_id = lease_id
 
-    async def entry(self, tx_id: str, seq: int, entry: HistoryEntry) -> Put:
-        return Put(self.keys.history_step(tx_id, seq), encode_entry(entry),
-                   lease=await self._lease_id())
+    async def entry(self, header: TxHeader, entry: HistoryEntry) -> tuple[Put, TxHeader]:
+        """The Put of the transaction's next entry, and `header` as it must be written
+        with it: the entry counted, the lease pinned."""
+        lease = header.history_lease or await self._lease_id()
+        header = replace(header, history_lease=lease)
+        put = self.rewrite(header, header.history_seq, entry)
+        return put, replace(header, history_seq=header.history_seq + 1)
+
+    def rewrite(self, header: TxHeader, seq: int, entry: HistoryEntry) -> Put:
+        """The Put that writes (again) entry `seq`, on the header's pinned lease."""
+        return Put(self.keys.history_step(header.id, seq), encode_entry(entry),
+                   lease=header.history_lease)
 
     async def end(self, header: TxHeader, ending: Ending, *, steps_committed: int = 0,
                   effects: int = 0) -> Put:
@@ -227,40 +242,31 @@ def _shortened(e: HistoryEntry, limit: int) -> HistoryEntry:
 
 # ---- retention --------------------------------------------------------------------------
 
-class OpenLeases:
-    """Keeps alive the history leases an open transaction may have used (see the module
-    docstring): every lease registered since the oldest open transaction began, minus
-    two buckets for clocks and the bucket a lease is used in. Run by the reaper's leader
-    on each sweep; a refresh is sent at most every half bucket per lease."""
+class PinnedLeases:
+    """Keeps alive the history leases open transactions have pinned (see the module
+    docstring). Run by the reaper's leader on each of its sweeps, which read every
+    open header anyway; a refresh is sent at most every half bucket per lease."""
 
-    def __init__(self, store: KeyValueStore, keys: Keys, bucket_s: float) -> None:
-        self.store, self.keys, self.bucket_s = store, keys, bucket_s
+    def __init__(self, store: KeyValueStore, bucket_s: float) -> None:
+        self.store, self.bucket_s = store, bucket_s
         self._refreshed: dict[int, float] = {}
 
-    async def keep_alive(self, oldest_open: float | None) -> int:
-        """Refresh the leases open transactions may use; returns how many were sent."""
-        if oldest_open is None:
-            self._refreshed.clear()
-            return 0
-        prefix = self.keys.retention_leases_prefix("history")
-        since_ms = max(0, int((oldest_open - 2 * self.bucket_s) * 1000))
-        start = self.keys.retention_lease("history", since_ms, 0)[:-1]
+    async def keep_alive(self, pinned: set[int]) -> int:
+        """Refresh the leases in `pinned` that are due; returns how many were sent."""
         now = time.monotonic()
-        wanted: set[int] = set()
         sent = 0
-        async for page in self.store.pages(prefix, start=start, what="history leases"):
-            for kv in page:
-                lease = int(kv.value.decode())
-                wanted.add(lease)
-                if now - self._refreshed.get(lease, 0.0) < self.bucket_s / 2:
-                    continue
-                await self.store.refresh_lease(lease, what="history lease")
-                self._refreshed[lease] = now
-                sent += 1
-        self._refreshed = {k: v for k, v in self._refreshed.items() if k in wanted}
+        for lease in sorted(pinned - {0}):
+            if now - self._refreshed.get(lease, 0.0) < self.bucket_s / 2:
+                continue
+            if await self.store.refresh_lease(lease, what="history lease") <= 0:
+                log.warning("the history lease of an open transaction is gone",
+                            extra={"lease": lease})
+            self._refreshed[lease] = now
+            sent += 1
+        self._refreshed = {k: v for k, v in self._refreshed.items() if k in pinned}
         return sent
 
 
 __all__ = ["ABORTED", "COMMITTED", "ELLIPSIS", "EXPIRED", "Ending", "HistoryEnd",
-           "HistoryEntry", "HistoryWriter", "OpenLeases", "Recorded", "TEXT_BYTES", "fit",
+           "HistoryEntry", "HistoryWriter", "PinnedLeases", "Recorded", "TEXT_BYTES", "fit",
            "history_header_bytes", "read", "truncate_utf8"]

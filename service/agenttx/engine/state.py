@@ -139,6 +139,7 @@ class TxHeader:
     fs_pending: FsPending | None = None
     undoing: UndoIntent | None = None
     history_seq: int = 0            # history entries written (engine.history): the next key
+    history_lease: int = 0          # the lease its history entries are on (0: none yet)
 
     @property
     def live(self) -> range:
@@ -262,6 +263,8 @@ def encode_header(h: TxHeader) -> bytes:
             doc["un"].append(list(u.ending))
     if h.history_seq:
         doc["hs"] = h.history_seq
+    if h.history_lease:
+        doc["hl"] = h.history_lease
     return to_json(doc)
 
 
@@ -280,7 +283,7 @@ def decode_header(raw: bytes) -> TxHeader:
         undoing=UndoIntent(tuple(un[0]), un[1], un[2], un[3], un[4], un[5], un[6], un[7],
                            tuple(un[8]) if len(un) > 8 else None)  # type: ignore[arg-type]
         if un else None,
-        history_seq=d.get("hs", 0),
+        history_seq=d.get("hs", 0), history_lease=d.get("hl", 0),
     )
 
 

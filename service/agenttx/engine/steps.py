@@ -296,7 +296,7 @@ class Stepper:
         new_header = replace(
             h, next_step_id=request.step_id + 1, attempts=0,
             highest_step=max(h.highest_step, request.step_id), updated_at=now,
-            budget=h.budget.plus(delta), history_seq=h.history_seq + 1,
+            budget=h.budget.plus(delta),
             fs_pending=FsPending(request.step_id, view.attempt, self.replica_id, now,
                                  fs.record.target) if fs is not None else None)
         changes = StepChanges(observed=view.observed, entries=entries, assumed=view.assumed,
@@ -305,9 +305,9 @@ class Stepper:
                               lock_held=view.lock_held)
         entry = HistoryEntry.of(request.step_id, request.tool_name, "SUCCESS",
                                 arguments_json=request.arguments_json, output_json=output_json)
+        put, new_header = await self.undoer.history.entry(new_header, entry)
         plan = step_plan(self.keys, h, state.rev, new_header, record, request.raw_context,
-                         changes, history=[await self.undoer.history.entry(
-                             h.id, h.history_seq, entry)])
+                         changes, history=[put])
         message = check_step(self.limits, new_header.budget, step_compares=len(plan.compares),
                              step_ops=len(plan.success), step_bytes=plan.request_bytes,
                              output_bytes=len(output_json.encode()), constraints=h.constraints)
@@ -508,14 +508,13 @@ class Stepper:
             arguments_json=request.arguments_json, category=cleaned.category,
             hint=cleaned.hint, strategy=plan.strategy.value)
         if plan.strategy is Strategy.LOCAL_BACKTRACK:
-            new = replace(base, attempts=attempts, history_seq=h.history_seq + 1,
-                          budget=replace(h.budget,
-                                         read_keys=h.budget.read_keys + len(observations)))
+            new = replace(base, attempts=attempts, budget=replace(
+                h.budget, read_keys=h.budget.read_keys + len(observations)))
+            put, new = await self.undoer.history.entry(new, entry)
             txn_plan = step_plan(self.keys, h, state.rev, new, None, "",
                                  StepChanges(observed=observed, entries=observations,
                                              assumed=assumed),
-                                 history=[await self.undoer.history.entry(
-                                     h.id, h.history_seq, entry)])
+                                 history=[put])
             res = await self.undoer.send(state, txn_plan, "step")
             self._remember_failure(state, new, res.revision, observations)
             _count_failure(tool_label, outcome)

@@ -140,7 +140,6 @@ class Undoer:
         an assumed key) changed first."""
         header = base or state.header
         rev = state.rev
-        tx = state.header.id
         steps = tuple(r.step_id for r in records)
         read_new = len(observations or {})
         if read_new:
@@ -149,8 +148,8 @@ class Undoer:
         seq = header.history_seq
         pending: list[Put] = []
         if failed is not None:
-            header = replace(header, history_seq=seq + 1)
-            pending = [await self.history.entry(tx, seq, failed)]
+            put, header = await self.history.entry(header, failed)
+            pending = [put]
         ending = (target.ending or Ending(ABORTED, header.principal)).cut()
         intent_needed = any(r.fs is not None or r.has_saga for r in records)
         if intent_needed:
@@ -184,7 +183,7 @@ class Undoer:
                           next_step_id=min(done) if done else header.next_step_id,
                           replay_used=header.replay_used + (len(done) if target.automatic else 0))
             if failed is not None:  # the step's answer says MANUAL: so does its entry
-                pending = [await self.history.entry(tx, seq, replace(
+                pending = [self.history.rewrite(header, seq, replace(
                     failed, status="ROLLBACK_TRIGGERED", strategy="MANUAL"))]
             plan = rollback_plan(self.keys, header, rev, new, done_records, fence=fence(),
                                  observations=observations, observed=observed,

@@ -80,14 +80,14 @@ class Reaper:
         """One pass over the transaction headers; returns how many were expired."""
         now = time.time()
         expired = opened = awaiting = 0
-        oldest: float | None = None
+        pinned: set[int] = set()
         timeout: float
         async for page in self.store.pages(self.keys.headers_prefix(), what="reaper scan"):
             idle: list[tuple[str, int, float]] = []
             for kv in page:
                 header = decode_header(kv.value)
                 opened += 1
-                oldest = header.created_at if oldest is None else min(oldest, header.created_at)
+                pinned.add(header.history_lease)
                 awaiting += header.status == AWAITING_ROLLBACK
                 timeout = header.policy.idle_timeout_s or self.default_idle_timeout_s
                 if now - header.updated_at >= timeout:
@@ -106,7 +106,7 @@ class Reaper:
                 if await self.engine.expire(tx_id, rev, self.lease.fence, timeout):
                     expired += 1
                     opened -= 1
-        await self.engine.keep_history_alive(oldest)
+        await self.engine.keep_history_alive(pinned)
         METRICS.open_transactions.set(opened)
         METRICS.awaiting_rollback.set(awaiting)
         return expired
