@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -170,6 +172,15 @@ def test_an_admin_may_get_and_roll_back_anyones_transaction_but_not_step_it(toke
         ended = alice.history(tx.id)
         assert (ended.status.value, ended.principal, ended.ended_by, ended.reason) == \
             ("ABORTED", "alice", "ops", "resolved by ops")
+
+
+def test_the_tx_cli_exits_4_for_a_refused_credential(token_replicas, pki):
+    a, _ = token_replicas
+    run = subprocess.run([sys.executable, "-m", "agenttx", "tx", "list", "--target", a.address,
+                          "--tls-ca", str(pki["ca_file"]), "--token", "not-a-token"],
+                         capture_output=True, text=True, timeout=60)
+    assert (run.returncode, run.stdout, run.stderr) == (
+        4, "", "agenttx tx list: UNAUTHENTICATED: invalid credentials\n")
 
 
 def test_a_plaintext_client_is_refused_by_a_tls_only_server(token_replicas):
