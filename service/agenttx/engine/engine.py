@@ -17,6 +17,10 @@ test_round_trips.py), on the replica that served the transaction's previous call
   during the call (retiring its outbox entry).
 - RollbackTransaction: 1-2 (+1 intent write when files are undone).
 - GetTransaction: 1 (header, context log and the activity mark in one transaction).
+- GetTransactionHistory: 1 (+1 per further page of entries).
+- ListTransactions: 1 per page of headers.
+History (engine.history) adds none: each step's entry and each end record are operations
+inside the transactions above.
 
 Nothing here imports grpc or aetcd: errors are agenttx.errors, results engine.model.
 """
@@ -307,7 +311,7 @@ class Engine:
         or of one that ended within the history retention; NOT_FOUND for anyone else,
         exactly as for an unknown id. One read (header, end record, entries)."""
         note(tx=tx_id)
-        recorded = await hist.read(self.store, self.keys, tx_id, decode_header)
+        recorded = await hist.read(self.store, self.keys, tx_id)
         h, end = recorded.header, recorded.end
         if h is not None:
             view = TransactionHistory(h.id, h.status, h.agent_id, h.principal, h.created_at,

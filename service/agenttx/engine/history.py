@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from ..contracts.layout import Keys
 from ..store.ops import Get, KeyValueStore, Put, prefix_end
-from .state import TxHeader, from_json, to_json
+from .state import TxHeader, decode_header, from_json, to_json
 
 log = logging.getLogger(__name__)
 
@@ -184,18 +184,18 @@ class Recorded:
     entries: list[HistoryEntry]
 
 
-async def read(store: KeyValueStore, keys: Keys, tx_id: str,
-               decode_header: Callable[[bytes], TxHeader]) -> Recorded:
+async def read(store: KeyValueStore, keys: Keys, tx_id: str) -> Recorded:
     """The transaction's header (open) or end record (ended) and its entries: one round
     trip for up to FIRST_PAGE entries, then pages."""
     prefix = keys.history_steps_prefix(tx_id)
     res = await store.read([Get(keys.tx_header(tx_id)), Get(keys.history_end(tx_id)),
-                            Get(prefix, prefix_end(prefix), FIRST_PAGE + 1)], what="history")
+                            Get(prefix, prefix_end(prefix), FIRST_PAGE + 1)],
+                           what="get history")
     header_kv, end_kv, page = res.first(0), res.first(1), res.kvs(2)
     entries = [decode_entry(kv.value) for kv in page[:FIRST_PAGE]]
     if len(page) > FIRST_PAGE:
         async for more in store.pages(prefix, start=page[FIRST_PAGE - 1].key + b"\x00",
-                                      what="history"):
+                                      what="get history"):
             entries += [decode_entry(kv.value) for kv in more]
     return Recorded(decode_header(header_kv.value) if header_kv is not None else None,
                     decode_end(end_kv.value) if end_kv is not None else None, entries)
@@ -258,7 +258,7 @@ class PinnedLeases:
         for lease in sorted(pinned - {0}):
             if now - self._refreshed.get(lease, 0.0) < self.bucket_s / 2:
                 continue
-            if await self.store.refresh_lease(lease, what="history lease") <= 0:
+            if await self.store.refresh_lease(lease, what="lease history") <= 0:
                 log.warning("the history lease of an open transaction is gone",
                             extra={"lease": lease})
             self._refreshed[lease] = now
