@@ -287,3 +287,15 @@ async def test_a_closed_async_client_refuses_calls_too(svc):
     await client.close()
     with pytest.raises(ValueError, match="^this agenttx AsyncClient is closed$"):
         await client.begin()
+
+
+def test_committing_twice_says_it_was_already_committed(svc, uniq):
+    with Client(svc.target) as client:
+        tx = client.begin()
+        tx.step("kv.put", {"key": f"twice-{uniq}", "value": 1})
+        assert tx.commit().committed
+        with pytest.raises(TransactionEnded) as again:
+            tx.commit()
+        assert str(again.value) == \
+            f"NOT_FOUND: transaction {tx.id} was already committed (1 step)"
+        assert again.value.history is not None and again.value.history.steps_committed == 1

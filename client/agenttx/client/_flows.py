@@ -395,7 +395,10 @@ class TxCore:
             found, why = None, f"; its history could not be read ({err})"
         else:
             why = ""
-        if found is not None:
+        if found is not None and found.status is TransactionStatus.COMMITTED:
+            n = found.steps_committed
+            what = f"transaction {self.id} was already committed ({n} step{'s' * (n != 1)})"
+        elif found is not None:
             by = f" by {found.ended_by}" if found.ended_by else ""
             because = f": {found.reason}" if found.reason else ""
             what = (f"transaction {self.id} was ended by the service "
