@@ -116,6 +116,10 @@ class Settings(BaseSettings):
                                       "principal on this replica (0 = unlimited)")
     effect_key_retention_s: int = Field(86400, ge=1, description="how long a delivered "
                                         "idempotency key stays reserved")
+    history_retention_s: int = Field(604800, ge=2, description="how long a transaction's "
+                                     "history (GetTransactionHistory, agenttx tx show) is "
+                                     "kept after it ends; an open transaction's is kept "
+                                     "while it is open")
 
     # ---- observability (SPEC §10) ---------------------------------------------------------
     metrics_listen: str = Field("", description="host:port for Prometheus /metrics "

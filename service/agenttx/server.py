@@ -193,7 +193,8 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
                     max_txn_ops=settings.etcd_max_txn_ops,
                     max_request_bytes=settings.etcd_max_request_bytes, dispatcher=dispatcher,
                     max_open_transactions=settings.max_open_transactions,
-                    effect_key_retention_s=settings.effect_key_retention_s)
+                    effect_key_retention_s=settings.effect_key_retention_s,
+                    history_retention_s=settings.history_retention_s)
     METRICS.zero_initialise(engine.tools.names(), channels.names())
 
     presence = ReplicaPresence(store, keys, replica_id, settings.replica_ttl_s)
@@ -212,7 +213,9 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     background = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
                   asyncio.create_task(reaper.run(), name="reaper"),
                   asyncio.create_task(engine.committer.retention.keep_fresh(),
-                                      name="retention-lease")]
+                                      name="retention-lease"),
+                  asyncio.create_task(engine.history_lease.keep_fresh(),
+                                      name="history-lease")]
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),

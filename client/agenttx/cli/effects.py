@@ -28,8 +28,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
-import grpc
-
 from ..client import (
     AgentTxError,
     Client,
@@ -38,10 +36,10 @@ from ..client import (
     NotFound,
 )
 from ..client.cliargs import add_connection_arguments, connection_from_args
+from . import exits
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_DENIED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND = exits.OK, exits.USAGE, exits.NOT_FOUND
 DEFAULT_PAGE_SIZE = 500
-_DENIED = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -210,4 +208,4 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None,
     except AgentTxError as exc:
         print(f"{name}: {exc.code.name}: {exc.details} (target {connection['target']})",
               file=err)
-        return EXIT_DENIED if exc.code in _DENIED else EXIT_ERROR
+        return exits.for_error(exc)

@@ -1,8 +1,7 @@
-"""What the sync and asyncio clients share: channel settings, request building, response
-conversion and the transaction bookkeeping. Pure (no I/O), so both front ends behave
-identically and only differ in how they await a call.
+"""What the sync and asyncio clients share below the flows (`_flows`): channel settings,
+request building and response conversion. Pure (no I/O).
 
-Retry rules live here and in one place:
+The retry rules (carried out by `_flows`):
 - reads (GetTransaction, ListTransactions) are retried by gRPC itself on UNAVAILABLE, with
   exponential backoff, through the channel's service config (gRPC's retry policy, see
   https://github.com/grpc/proposal/blob/master/A6-client-retries.md), and then on each
@@ -29,18 +28,20 @@ import grpc
 
 from ..v1 import agenttx_pb2 as pb
 from ._version import __version__
-from .errors import AgentTxError, NotFound, OutcomeUnknown, TransactionEnded
+from .errors import AgentTxError, NotFound, OutcomeUnknown
 from .types import (
     CommitResult,
     ContextEntry,
     DeadLetter,
     DeadLetterPage,
+    HistoryStep,
     Policy,
     RollbackResult,
     StepResult,
     StepStatus,
     Strategy,
     ToolInfo,
+    TransactionHistory,
     TransactionPage,
     TransactionState,
     TransactionStatus,
@@ -257,12 +258,8 @@ def _tx_status(value: int) -> TransactionStatus:
 
 
 def step_result(resp: pb.ExecuteStepResponse, step_id: int, tool: str) -> StepResult:
-    try:
-        status = StepStatus(pb.StepStatus.Name(resp.status).removeprefix("STEP_STATUS_"))
-    except ValueError:
-        status = StepStatus.UNSPECIFIED
     return StepResult(
-        step_id=step_id, tool=tool, status=status,
+        step_id=step_id, tool=tool, status=_step_status(resp.status),
         output=json.loads(resp.output_json) if resp.output_json else None,
         output_json=resp.output_json, category=resp.error_category, hint=resp.clean_hint,
         strategy=_strategy(resp.strategy), rollback_to_step=resp.rollback_to_step,
@@ -284,7 +281,26 @@ def transaction_state(resp: pb.GetTransactionResponse) -> TransactionState:
 
 def commit_result(resp: pb.CommitTransactionResponse) -> CommitResult:
     return CommitResult(resp.committed, resp.steps_committed, resp.effects_dispatched,
-                        tuple(resp.dispatch_errors))
+                        tuple(resp.dispatch_errors), resp.awaiting_approval,
+                        resp.approval_digest)
+
+
+def _step_status(value: int) -> StepStatus:
+    try:
+        return StepStatus(pb.StepStatus.Name(value).removeprefix("STEP_STATUS_"))
+    except ValueError:
+        return StepStatus.UNSPECIFIED
+
+
+def transaction_history(resp: pb.TransactionHistory) -> TransactionHistory:
+    return TransactionHistory(
+        transaction_id=resp.transaction_id, status=_tx_status(resp.status),
+        agent_id=resp.agent_id, principal=resp.principal, created_at=resp.created_at,
+        ended_at=resp.ended_at, ended_by=resp.ended_by, reason=resp.reason,
+        steps_committed=resp.steps_committed, effects=resp.effects,
+        steps=tuple(HistoryStep(s.step_id, s.tool, _step_status(s.status), s.error_category,
+                                s.clean_hint, _strategy(s.strategy), s.at, s.arguments_json,
+                                s.output_json) for s in resp.steps))
 
 
 def rollback_result(resp: pb.RollbackTransactionResponse) -> RollbackResult:
@@ -384,52 +400,3 @@ def unknown_outcome(rpc: str, tx_id: str, cause: AgentTxError, *, step_id: int |
         seen = "nothing could be re-read"
     return OutcomeUnknown(f"{head}; {seen}", code=cause.code, rpc=rpc, transaction_id=tx_id,
                           step_id=step_id, state=state, ended=ended, reread_error=reread_error)
-
-
-# ---- the transaction bookkeeping shared by Transaction and AsyncTransaction -----------
-
-class TxState:
-    """Step id tracking and the end-of-block rules, with no I/O."""
-
-    def __init__(self, tx_id: str, next_step_id: int, hints_seen: int | None = 0) -> None:
-        self.id = tx_id
-        self.next_step_id = next_step_id
-        self.finished = False  # committed, aborted, or ended by the service
-        # How many constraints (distinct hints) the last answer carried; None: unknown.
-        self.hints_seen = hints_seen
-
-    def check_open(self) -> None:
-        if self.finished or self.next_step_id == 0:
-            raise TransactionEnded(f"transaction {self.id} has ended; begin a new one")
-
-    def after_step(self, result: StepResult) -> None:
-        self.next_step_id = result.next_step_id
-        self.hints_seen = len(result.constraints)
-        if result.ended:
-            self.finished = True
-
-    def after_state(self, state: TransactionState) -> None:
-        self.next_step_id = state.next_step_id
-        self.hints_seen = len(state.constraints)
-
-    def after_rollback(self, result: RollbackResult, to_step: int | None) -> None:
-        self.next_step_id = result.next_step_id
-        if result.rolled_back and not to_step:
-            self.finished = True
-
-    def after_error(self, err: AgentTxError) -> None:
-        """NOT_FOUND, a commit conflict and an ended re-read all mean: the transaction is gone."""
-        if isinstance(err, NotFound) or err.code == grpc.StatusCode.ABORTED or \
-                (isinstance(err, OutcomeUnknown) and err.ended):
-            self.finished = True
-        elif isinstance(err, OutcomeUnknown) and err.state is not None:
-            self.after_state(err.state)
-
-    @staticmethod
-    def abort_reason(exc_type: type[BaseException]) -> str:
-        return f"agenttx.client: exception {exc_type.__name__} left the transaction block"
-
-
-def note_failed_abort(exc: BaseException | None, tx_id: str, detail: str) -> None:
-    if exc is not None:
-        exc.add_note(f"agenttx: aborting transaction {tx_id} after this exception failed: {detail}")

@@ -35,7 +35,8 @@ class StepStatus(enum.StrEnum):
 
 
 class TransactionStatus(enum.StrEnum):
-    """Open transactions are ACTIVE or AWAITING_ROLLBACK; ended ones answer NOT_FOUND."""
+    """Open: ACTIVE, AWAITING_ROLLBACK, AWAITING_APPROVAL. Ended: COMMITTED, ABORTED,
+    EXPIRED, REJECTED (GetTransaction answers NOT_FOUND for those; the history has them)."""
 
     UNSPECIFIED = "UNSPECIFIED"
     ACTIVE = "ACTIVE"
@@ -43,6 +44,16 @@ class TransactionStatus(enum.StrEnum):
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
     EXPIRED = "EXPIRED"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    REJECTED = "REJECTED"
+
+    @property
+    def ended(self) -> bool:
+        return self in _ENDED
+
+
+_ENDED = frozenset({TransactionStatus.COMMITTED, TransactionStatus.ABORTED,
+                    TransactionStatus.EXPIRED, TransactionStatus.REJECTED})
 
 
 @dataclass(frozen=True)
@@ -126,10 +137,26 @@ class TransactionState:
 
 @dataclass(frozen=True)
 class CommitResult:
+    """What `tx.commit()` returns. `committed` True: every live step applied and
+    `status` is COMMITTED. When the transaction has steps that need a person's approval,
+    nothing was committed: `awaiting_approval` is True, `approval_digest` names what is
+    to be approved and `status` is AWAITING_APPROVAL (the outcome is then in the
+    history, `client.history(tx.id)`)."""
+
     committed: bool
     steps_committed: int
     effects_dispatched: int
     dispatch_errors: tuple[str, ...]
+    awaiting_approval: bool = False
+    approval_digest: str = ""
+
+    @property
+    def status(self) -> TransactionStatus:
+        if self.committed:
+            return TransactionStatus.COMMITTED
+        if self.awaiting_approval:
+            return TransactionStatus.AWAITING_APPROVAL
+        return TransactionStatus.UNSPECIFIED
 
 
 @dataclass(frozen=True)
@@ -195,13 +222,60 @@ class DeadLetterPage:
 
 
 @dataclass(frozen=True)
+class HistoryStep:
+    """One step sent to a transaction, failed attempts included (a step id repeats when
+    it was retried). `arguments_json` / `output_json` are at most 4096 bytes of UTF-8,
+    a longer text cut and ended with "…"; `at` is unix seconds."""
+
+    step_id: int
+    tool: str
+    status: StepStatus
+    category: str
+    hint: str
+    strategy: Strategy
+    at: float
+    arguments_json: str
+    output_json: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status is StepStatus.SUCCESS
+
+
+@dataclass(frozen=True)
+class TransactionHistory:
+    """`client.history(tx_id)`: what happened to a transaction, open or ended (kept for
+    the service's --history-retention-s after it ends). `ended_at` is 0 and `ended_by`
+    "" while it is open; `ended_by` is the principal that ended it ("" without
+    authentication) or "reaper"; `reason` the abort reason or the rollback's reason
+    ("" on commit); `steps_committed` and `effects` are what the commit applied (0
+    unless COMMITTED)."""
+
+    transaction_id: str
+    status: TransactionStatus
+    agent_id: str
+    principal: str
+    created_at: float
+    ended_at: float
+    ended_by: str
+    reason: str
+    steps_committed: int
+    effects: int
+    steps: tuple[HistoryStep, ...]
+
+    @property
+    def ended(self) -> bool:
+        return self.status.ended
+
+
+@dataclass(frozen=True)
 class TransactionPage:
     transactions: tuple[TransactionSummary, ...] = field(default_factory=tuple)
     next_page_token: str = ""
 
 
 __all__ = [
-    "CommitResult", "ContextEntry", "DeadLetter", "DeadLetterPage", "Policy", "RollbackResult",
-    "StepResult", "StepStatus",
-    "Strategy", "ToolInfo", "TransactionPage", "TransactionState", "TransactionStatus", "TransactionSummary",
+    "CommitResult", "ContextEntry", "DeadLetter", "DeadLetterPage", "HistoryStep", "Policy",
+    "RollbackResult", "StepResult", "StepStatus", "Strategy", "ToolInfo", "TransactionHistory",
+    "TransactionPage", "TransactionState", "TransactionStatus", "TransactionSummary",
 ]

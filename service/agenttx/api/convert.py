@@ -11,6 +11,7 @@ from ..engine.model import (
     CommitOutcome,
     RollbackOutcome,
     StepOutcome,
+    TransactionHistory,
     TransactionPage,
     TransactionView,
 )
@@ -24,15 +25,23 @@ STEP_STATUS = {
 TX_STATUS = {
     "ACTIVE": pb.TRANSACTION_STATUS_ACTIVE,
     "AWAITING_ROLLBACK": pb.TRANSACTION_STATUS_AWAITING_ROLLBACK,
+    "AWAITING_APPROVAL": pb.TRANSACTION_STATUS_AWAITING_APPROVAL,
+    "COMMITTED": pb.TRANSACTION_STATUS_COMMITTED,
+    "ABORTED": pb.TRANSACTION_STATUS_ABORTED,
+    "EXPIRED": pb.TRANSACTION_STATUS_EXPIRED,
+    "REJECTED": pb.TRANSACTION_STATUS_REJECTED,
 }
+OPEN_STATUSES = frozenset({"ACTIVE", "AWAITING_ROLLBACK", "AWAITING_APPROVAL"})
 _STATUS_NAME = {v: k for k, v in TX_STATUS.items()}
 
 
 def status_name(status: int) -> str:
-    """A ListTransactions status filter: "" for any open status."""
+    """A ListTransactions status filter: "" for any open status; an ended status (or one
+    this service does not know) matches nothing, as no open transaction has it."""
     if status == pb.TRANSACTION_STATUS_UNSPECIFIED:
         return ""
-    return _STATUS_NAME.get(status, "ENDED")  # type: ignore[call-overload]  # never listed
+    name = _STATUS_NAME.get(status, "ENDED")  # type: ignore[call-overload]
+    return str(name) if name in OPEN_STATUSES else "ENDED"
 
 
 def step_response(o: StepOutcome) -> pb.ExecuteStepResponse:
@@ -103,3 +112,19 @@ def dead_letters_response(page: DeadLetterPage) -> pb.ListDeadLettersResponse:
                       channel=d.channel, kind=d.kind, last_error=d.last_error,
                       attempts=d.attempts, dead_at=d.dead_at, principal=d.principal)
         for d in page.letters], next_page_token=page.next_page_token)
+
+
+def history_response(h: TransactionHistory) -> pb.TransactionHistory:
+    return pb.TransactionHistory(
+        transaction_id=h.transaction_id,
+        status=TX_STATUS.get(h.status, pb.TRANSACTION_STATUS_UNSPECIFIED),
+        agent_id=h.agent_id, principal=h.principal, created_at=h.created_at,
+        ended_at=h.ended_at, ended_by=h.ended_by, reason=h.reason,
+        steps_committed=h.steps_committed, effects=h.effects,
+        steps=[pb.HistoryStep(
+            step_id=e.step_id, tool=e.tool,
+            status=STEP_STATUS.get(e.status, pb.STEP_STATUS_UNSPECIFIED),
+            error_category=e.category, clean_hint=e.hint,
+            strategy=pb.RollbackStrategy.Value(f"ROLLBACK_STRATEGY_{e.strategy}"),
+            at=e.at, arguments_json=e.arguments_json, output_json=e.output_json)
+            for e in h.steps])

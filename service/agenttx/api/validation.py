@@ -11,8 +11,7 @@ import uuid
 from typing import Any
 
 from ..contracts.policy import DEPTH_MAX, DEPTH_MIN, FACTOR_MAX, FACTOR_MIN
-from ..engine.model import Caller
-from ..errors import InvalidArgument, NotFound, PermissionDenied
+from ..errors import InvalidArgument, NotFound
 
 MAX_AGENT_ID_BYTES = 256
 MAX_METADATA_ENTRIES = 64
@@ -84,12 +83,6 @@ def step(step_id: int, tool_name: str, arguments_json: str, raw_context: str) ->
     if _bytes(raw_context) > MAX_DOCUMENT_BYTES:
         raise InvalidArgument(f"raw_context is {_bytes(raw_context)} bytes; the limit is "
                               f"{MAX_DOCUMENT_BYTES} (1 MiB)")
-
-
-def may_list(caller: Caller) -> None:
-    """ListTransactions is for admin principals once authentication is on (SPEC §10)."""
-    if caller.authenticated and not caller.admin:
-        raise PermissionDenied("ListTransactions needs the admin role")
 
 
 def page_token(token: str) -> str:

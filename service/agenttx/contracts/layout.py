@@ -9,6 +9,8 @@
     <prefix>/tx/<id>/fx/<n:010d>/<i>  effects staged by live step n
     <prefix>/tx/<id>/meta             BeginTransaction.metadata (audit)
     <prefix>/touch/<id>               last read-only activity (GetTransaction), for the reaper
+    <prefix>/hist/<id>/h              how an ended transaction ended (GetTransactionHistory)
+    <prefix>/hist/<id>/s/<seq:010d>   one entry per step sent, failed attempts included
     <prefix>/open/<principal>/<slot>  one of the principal's --max-open-transactions slots
     <prefix>/data/kv/<key>            committed kv values
     <prefix>/data/rec/<table>/<id>    committed record rows (id JSON-encoded: 7 != "7")
@@ -21,6 +23,11 @@
     <prefix>/auth/jwks                service-account issuer keys (written by the operator)
     <prefix>/replicas/<replica-id>    liveness of a service replica (leased)
     <prefix>/leader/<role>            leader election (dispatcher, reaper)
+
+Why history lives apart from the transaction: `tx/<id>/` is deleted when the transaction
+ends, while its history stays for --history-retention-s on shared leases; one small key
+per step sent (never one growing document), so recording a step costs the same at step 1
+and step 500 (docs/client.md, "History").
 
 Why headers live apart from the rest of a transaction: the idle reaper and
 ListTransactions page through headers only, so their cost never depends on how much
@@ -123,6 +130,19 @@ class Keys:
 
     def effect(self, tx_id: str, step_id: int, index: int) -> bytes:
         return self._k("tx", tx_id, "fx", f"{step_id:010d}", f"{index:04d}")
+
+    # history (GetTransactionHistory)
+    def history_end(self, tx_id: str) -> bytes:
+        """How an ended transaction ended; written by the etcd transaction that ends it."""
+        return self._k("hist", tx_id, "h")
+
+    def history_steps_prefix(self, tx_id: str) -> bytes:
+        return self._k("hist", tx_id, "s", "")
+
+    def history_step(self, tx_id: str, seq: int) -> bytes:
+        """The `seq`-th step sent to the transaction (a step id repeats when it failed
+        and was retried; `seq` never does)."""
+        return self._k("hist", tx_id, "s", f"{seq:010d}")
 
     # committed data
     def kv(self, key: str) -> bytes:

@@ -28,11 +28,13 @@ from typing import Protocol
 from .. import failpoints
 from ..contracts.layout import Keys, describe_data_key
 from ..contracts.outbox import OutboxEntry, effect_entry, encode_entry
-from ..errors import Conflict, FailedPrecondition, NotFound, StoreUnavailable
+from ..errors import Conflict, FailedPrecondition, StoreUnavailable
 from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.ops import KeyValue, KeyValueStore
 from .cache import DataCache, TxCache, TxState
+from .current import on_current_state
+from .history import ABORTED, COMMITTED, Ending
 from .model import Caller, CommitOutcome
 from .ops import CommitSnapshot, commit_plan, is_data_key
 from .snapshot import Loader, not_found
@@ -116,31 +118,38 @@ class Committer:
 
     async def commit(self, caller: Caller, tx_id: str) -> CommitOutcome:
         note(tx=tx_id)
-        async with self.txs.locked(tx_id):
-            use_cache = True
-            for _ in range(4):
-                cached = self.txs.get(tx_id) if use_cache else None
-                state = cached if cached is not None and cached.complete else \
-                    await self.loader.whole(tx_id, use_cache=False)
-                try:
-                    require_owner(state, caller)
-                    state = await self.undoer.settle(state)
-                    if not state.complete:
-                        state = await self.loader.whole(tx_id, use_cache=False)
-                    require_active(state.header)
-                    return await self._commit(state)
-                except (FailedPrecondition, NotFound, Stale) as exc:
-                    if cached is None:
-                        if isinstance(exc, Stale):
-                            raise FailedPrecondition(f"transaction {tx_id} was changed "
-                                                     "concurrently; retry commit") from None
-                        raise
-                    # judged on a cached state that may be stale: ask etcd before answering
-                    self.txs.evict(tx_id)
-                    use_cache = False
-        raise FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry commit")
 
-    async def _commit(self, state: TxState) -> CommitOutcome:
+        async def load() -> TxState:
+            return await self.loader.whole(tx_id, use_cache=False)
+
+        async def judge(state: TxState) -> TxState:
+            require_owner(state, caller)
+            state = await self.undoer.settle(state)
+            if not state.complete:
+                state = await self.loader.whole(tx_id, use_cache=False)
+            require_active(state.header)
+            return state
+
+        def on_stale(stale: Stale, from_cache: bool) -> bool:
+            if not from_cache:
+                raise FailedPrecondition(f"transaction {tx_id} was changed concurrently; "
+                                         "retry commit") from None
+            return False  # judged on a cached state that may be stale: ask etcd
+
+        def gave_up() -> Exception:
+            return FailedPrecondition(f"transaction {tx_id} kept changing concurrently; "
+                                      "retry commit")
+
+        async def act(state: TxState) -> CommitOutcome:
+            return await self._commit(state, caller)
+
+        async with self.txs.locked(tx_id):
+            return await on_current_state(self.txs, tx_id, load=load, judge=judge,
+                                          act=act, on_stale=on_stale,
+                                          gave_up=gave_up, attempts=4,
+                                          usable=lambda cached: cached.complete)
+
+    async def _commit(self, state: TxState, caller: Caller) -> CommitOutcome:
         h = state.header
         effects = [e for step in sorted(state.effects) for e in state.effects[step]]
         d = self.dispatcher
@@ -150,8 +159,10 @@ class Committer:
         lease = await self.retention.lease_id() if effects else 0
         snap = CommitSnapshot(h, state.rev, dict(state.entries), effects,
                               [(key, encode_entry(entry)) for key, entry in outbox])
-        plan = commit_plan(self.keys, snap, reservation_lease=lease)
         steps = h.next_step_id - 1
+        ended = await self.undoer.history.end(h, Ending(COMMITTED, caller.principal),
+                                              steps_committed=steps, effects=len(effects))
+        plan = commit_plan(self.keys, snap, reservation_lease=lease, history=[ended])
         try:
             res = await self.store.txn(plan.compares, plan.success, plan.failure, what="commit")
         except StoreUnavailable:
@@ -177,7 +188,7 @@ class Committer:
         METRICS.cas_conflicts.labels("commit").inc()
         conflicts = await self._conflicts(state)
         why = f"conflict on {', '.join(conflicts) or 'a key it read'}"
-        await self._compensate_and_end(state, why)
+        await self._compensate_and_end(state, why, caller)
         METRICS.transactions_ended.labels("conflict").inc()
         raise Conflict(
             f"commit aborted: {why} (another transaction committed it after transaction "
@@ -209,11 +220,13 @@ class Committer:
                     out.append(describe_data_key(self.keys, dk))
         return out[:5]
 
-    async def _compensate_and_end(self, state: TxState, why: str) -> None:
+    async def _compensate_and_end(self, state: TxState, why: str, caller: Caller) -> None:
         live = list(reversed(state.header.live))
         records = await self.loader.records(state, live)
+        ending = Ending(ABORTED, caller.principal, f"commit aborted: {why}")
         try:
-            result = await self.undoer.run(state, records, Target(0, True, False))
+            result = await self.undoer.run(state, records, Target(0, True, False,
+                                                                  ending=ending))
         except Stale:
             raise FailedPrecondition(f"transaction {state.header.id} was changed concurrently "
                                      "while its conflict was being compensated") from None

@@ -17,6 +17,10 @@ test_round_trips.py), on the replica that served the transaction's previous call
   during the call (retiring its outbox entry).
 - RollbackTransaction: 1-2 (+1 intent write when files are undone).
 - GetTransaction: 1 (header, context log and the activity mark in one transaction).
+- GetTransactionHistory: 1 (+1 per further page of entries).
+- ListTransactions: 1 per page of headers.
+History (engine.history) adds none: each step's entry and each end record are operations
+inside the transactions above.
 
 Nothing here imports grpc or aetcd: errors are agenttx.errors, results engine.model.
 """
@@ -38,8 +42,18 @@ from ..observability.metrics import METRICS
 from ..store.ops import Compare, Get, KeyValueStore, Put, cmp_absent, cmp_exists, prefix_end
 from ..tools.describe import ToolDescription, describe_all
 from ..tools.registry import ToolRegistry
+from . import history as hist
 from .cache import DataCache, TxCache, TxState
 from .commit import Committer, RetentionLease
+from .current import on_current_state
+from .history import (
+    ABORTED,
+    EXPIRED,
+    Ending,
+    HistoryWriter,
+    PinnedLeases,
+    history_header_bytes,
+)
 from .limits import Limits
 from .model import (
     ANONYMOUS,
@@ -48,6 +62,7 @@ from .model import (
     ContextItem,
     RollbackOutcome,
     StepOutcome,
+    TransactionHistory,
     TransactionPage,
     TransactionSummary,
     TransactionView,
@@ -92,6 +107,7 @@ class Engine:
         dispatcher: Any = None,
         max_open_transactions: int = 1000,
         effect_key_retention_s: int = 86400,
+        history_retention_s: int = 604800,
         cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.store = store
@@ -105,7 +121,13 @@ class Engine:
         self.txs = TxCache(cache_bytes)
         self.data = DataCache(cache_bytes // 4)
         self.loader = Loader(store, keys, self.txs, self.data)
-        self.undoer = Undoer(store, keys, tools, self.loader, self.txs, self.data, replica_id)
+        # History keys live on shared leases (engine.history): one per replica and time
+        # bucket; the reaper keeps alive those open transactions pinned.
+        self.history_lease = RetentionLease(store, history_retention_s)
+        self.history_writer = HistoryWriter(keys, self.history_lease.lease_id)
+        self.pinned_history = PinnedLeases(store, self.history_lease.bucket_s)
+        self.undoer = Undoer(store, keys, tools, self.loader, self.txs, self.data, replica_id,
+                             self.history_writer)
         self.steps = Stepper(store=store, keys=keys, tools=tools, loader=self.loader,
                              undoer=self.undoer, txs=self.txs, data=self.data,
                              limits=self.limits, replica_id=replica_id,
@@ -195,50 +217,51 @@ class Engine:
     async def rollback(self, tx_id: str, to_step: int | None, reason: str,
                        caller: Caller = ANONYMOUS) -> RollbackOutcome:
         note(tx=tx_id, to_step=to_step, reason=reason[:200])
+        abort = not to_step
+
+        async def load() -> TxState:
+            return await self.loader.for_step(tx_id, (), (), use_cache=False)
+
+        async def judge(state: TxState) -> TxState:
+            if not caller.admin:
+                require_owner(state, caller)
+            state = await self.undoer.settle(state)
+            h = state.header
+            if to_step and to_step >= h.next_step_id:
+                raise InvalidArgument(
+                    f"to_step {to_step} is out of range: it must be lower than "
+                    f"next_step_id {h.next_step_id} (or 0 to abort)")
+            return state
+
+        async def act(state: TxState) -> RollbackOutcome:
+            h = state.header
+            order = [i for i in reversed(h.live) if abort or i >= (to_step or 0)]
+            records = await self.loader.records(state, order)
+            started = time.perf_counter()
+            ending = Ending(ABORTED, caller.principal, reason) if abort else None
+            result = await self.undoer.run(state, records,
+                                           Target(to_step or 0, abort, False, ending=ending),
+                                           base=replace(h, updated_at=time.time()))
+            note(undone=result.done, errors=result.errors)
+            strategy = "manual" if to_step else "abort"
+            METRICS.rollbacks.labels(strategy).inc()
+            METRICS.rollback_duration.labels(strategy).observe(time.perf_counter() - started)
+            if result.errors:
+                assert result.header is not None
+                return RollbackOutcome(False, result.header.next_step_id, len(result.done),
+                                       result.errors)
+            if abort:
+                METRICS.transactions_ended.labels("aborted").inc()
+            return RollbackOutcome(True, 0 if abort else int(to_step or 0), len(result.done),
+                                   [])
+
+        def gave_up() -> Exception:
+            return FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry")
+
         async with self.txs.locked(tx_id):
-            use_cache = True
-            for _ in range(4):
-                cached = self.txs.get(tx_id) if use_cache else None
-                state = cached or await self.loader.for_step(tx_id, (), (), use_cache=False)
-                try:
-                    if not caller.admin:
-                        require_owner(state, caller)
-                    state = await self.undoer.settle(state)
-                    h = state.header
-                    if to_step and to_step >= h.next_step_id:
-                        raise InvalidArgument(
-                            f"to_step {to_step} is out of range: it must be lower than "
-                            f"next_step_id {h.next_step_id} (or 0 to abort)")
-                except (InvalidArgument, FailedPrecondition, NotFound):
-                    if cached is None:
-                        raise
-                    self.txs.evict(tx_id)  # judged on a cached state: ask etcd
-                    use_cache = False
-                    continue
-                abort = not to_step
-                order = [i for i in reversed(h.live) if abort or i >= (to_step or 0)]
-                records = await self.loader.records(state, order)
-                started = time.perf_counter()
-                try:
-                    result = await self.undoer.run(state, records,
-                                                   Target(to_step or 0, abort, False),
-                                                   base=replace(h, updated_at=time.time()))
-                except Stale:
-                    use_cache = False
-                    continue
-                note(undone=result.done, errors=result.errors)
-                strategy = "manual" if to_step else "abort"
-                METRICS.rollbacks.labels(strategy).inc()
-                METRICS.rollback_duration.labels(strategy).observe(time.perf_counter() - started)
-                if result.errors:
-                    assert result.header is not None
-                    return RollbackOutcome(False, result.header.next_step_id, len(result.done),
-                                           result.errors)
-                if abort:
-                    METRICS.transactions_ended.labels("aborted").inc()
-                return RollbackOutcome(True, 0 if abort else int(to_step or 0),
-                                       len(result.done), [])
-        raise FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry")
+            return await on_current_state(self.txs, tx_id, load=load, judge=judge, act=act,
+                                          on_stale=lambda stale, from_cache: False,
+                                          gave_up=gave_up, attempts=4)
 
     # ---- get / list ----------------------------------------------------------------------
 
@@ -283,10 +306,40 @@ class Engine:
             except FailedPrecondition:
                 return header
 
+    async def history(self, tx_id: str, caller: Caller = ANONYMOUS) -> TransactionHistory:
+        """GetTransactionHistory: the owner's or an admin's view of an open transaction
+        or of one that ended within the history retention; NOT_FOUND for anyone else,
+        exactly as for an unknown id. One read (header, end record, entries)."""
+        note(tx=tx_id)
+        recorded = await hist.read(self.store, self.keys, tx_id)
+        h, end = recorded.header, recorded.end
+        if h is not None:
+            view = TransactionHistory(h.id, h.status, h.agent_id, h.principal, h.created_at,
+                                      0.0, "", "", 0, 0, [])
+        elif end is not None:
+            view = TransactionHistory(tx_id, end.status, end.agent_id, end.principal,
+                                      end.created_at, end.ended_at, end.ended_by, end.reason,
+                                      end.steps_committed, end.effects, [])
+        else:
+            raise NotFound(f"transaction {tx_id} not found (unknown, or its history is "
+                           "older than the history retention)")
+        if view.principal != caller.principal and not caller.admin:
+            raise NotFound(f"transaction {tx_id} not found (unknown, or its history is "
+                           "older than the history retention)")
+        budget = self.limits.response_budget - history_header_bytes(view)
+        view.steps = hist.fit(recorded.entries, budget)
+        note(history_steps=len(view.steps))
+        return view
+
+    async def keep_history_alive(self, pinned: set[int]) -> int:
+        """Keep the history of open transactions from expiring: `pinned` are the leases
+        their headers name (the reaper calls it after each sweep)."""
+        return await self.pinned_history.keep_alive(pinned)
+
     async def list(self, caller: Caller, *, page_size: int = 0, page_token: str = "",
                    status: str = "", agent_id_prefix: str = "") -> TransactionPage:
-        """Open transactions, a page at a time, in id order (admin principals only once
-        authentication is on: the servicer checks). Reads headers only."""
+        """Open transactions, a page at a time, in id order: an admin's view holds every
+        transaction, anyone else's only their own. Reads headers only."""
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         prefix = self.keys.headers_prefix()
         start = prefix + page_token.encode() + b"\x00" if page_token else None
@@ -298,6 +351,8 @@ class Engine:
             for kv in page:
                 h = decode_header(kv.value)
                 last = h.id
+                if not caller.admin and h.principal != caller.principal:
+                    continue
                 if status and h.status != status:
                     continue
                 if agent_id_prefix and not h.agent_id.startswith(agent_id_prefix):
@@ -321,17 +376,21 @@ class Engine:
     # ---- reaper ----------------------------------------------------------------------------
 
     async def expire(self, tx_id: str, header_rev: int,
-                     fence: Callable[[], Sequence[Compare]]) -> bool:
+                     fence: Callable[[], Sequence[Compare]], idle_timeout_s: float = 0) -> bool:
         """Abort an idle transaction and compensate it. Every write carries `fence()`
         (the reaper's leadership compares), so a paused ex-leader cannot act. Returns
-        False when the transaction moved on meanwhile (it is not idle any more)."""
+        False when the transaction moved on meanwhile (it is not idle any more). Its
+        history says EXPIRED, ended by "reaper"."""
         async with self.txs.locked(tx_id):
             state = await self.loader.for_step(tx_id, (), (), use_cache=False)
             if state.rev != header_rev:
                 return False
             records = await self.loader.records(state, list(reversed(state.header.live)))
+            idle = idle_timeout_s or state.header.policy.idle_timeout_s
+            ending = Ending(EXPIRED, "reaper", f"no call for {idle:g} s (idle timeout)")
             try:
-                result = await self.undoer.run(state, records, Target(0, True, False),
+                result = await self.undoer.run(state, records,
+                                               Target(0, True, False, ending=ending),
                                                fence=fence)
             except Stale:
                 return False

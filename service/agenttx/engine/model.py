@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .history import HistoryEntry
 from .planner import Strategy
 
 
@@ -89,3 +90,20 @@ class TransactionSummary:
 class TransactionPage:
     transactions: list[TransactionSummary]
     next_page_token: str
+
+
+@dataclass
+class TransactionHistory:
+    """GetTransactionHistory: an open transaction as it stands, or how it ended."""
+
+    transaction_id: str
+    status: str                      # ACTIVE | AWAITING_ROLLBACK | COMMITTED | ABORTED | EXPIRED
+    agent_id: str
+    principal: str
+    created_at: float
+    ended_at: float                  # 0 while open
+    ended_by: str                    # principal ("" without auth), "reaper"; "" while open
+    reason: str
+    steps_committed: int
+    effects: int
+    steps: list[HistoryEntry]

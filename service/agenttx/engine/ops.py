@@ -79,11 +79,13 @@ class StepChanges:
 
 
 def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
-              record: StepRecord | None, raw_context: str, changes: StepChanges) -> TxnPlan:
+              record: StepRecord | None, raw_context: str, changes: StepChanges, *,
+              history: Sequence[Put] = ()) -> TxnPlan:
     """The CAS of a step: new header, the step record (None for a failed step, which
     records only what it observed), its raw_context, touched entries, staged effects,
-    reservations and lock. Its failure branch reads back everything it compared, so a
-    lost compare tells the engine what actually changed (`read_back_keys`)."""
+    reservations, lock and its history entry. Its failure branch reads back everything
+    it compared, so a lost compare tells the engine what actually changed
+    (`read_back_keys`)."""
     tx = header.id
     hkey = keys.tx_header(tx)
     compares: list[Compare] = [cmp_mod(hkey, rev)]
@@ -110,6 +112,7 @@ def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
             success.append(Put(changes.lock_new, tx.encode()))
         elif changes.lock_held is not None:
             compares.append(cmp_value(changes.lock_held, tx.encode()))
+    success.extend(history)
     failure: list[Op] = [Get(k) for k in read_back_keys(hkey, compares)]
     return TxnPlan(compares, success, failure)
 
@@ -166,10 +169,12 @@ def undone_entries(done: Sequence[StepRecord]) -> dict[bytes, Touched]:
 def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
                   done: Sequence[StepRecord], *, fence: Sequence[Compare] = (),
                   observations: Mapping[bytes, Touched] | None = None,
-                  observed: Mapping[bytes, int] | None = None) -> TxnPlan:
+                  observed: Mapping[bytes, int] | None = None,
+                  history: Sequence[Put] = ()) -> TxnPlan:
     """The CAS that records undone steps (`done`, a suffix of the live steps, in undo
     order): their records, contexts and effects deleted, their keys' entries restored,
-    their reservations and locks released, the new header written."""
+    their reservations and locks released, the new header written (and the failed
+    step's history entry, when a failure caused it)."""
     tx = header.id
     hkey = keys.tx_header(tx)
     compares: list[Compare] = [cmp_mod(hkey, rev), *fence]
@@ -192,6 +197,7 @@ def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
         if record.fs is not None and record.fs.lock_new:
             compares.append(cmp_value(record.fs.lock_key, tx.encode()))
             success.append(Delete(record.fs.lock_key))
+    success.extend(history)
     return TxnPlan(compares, success, [Get(k) for k in read_back_keys(hkey, compares)])
 
 
@@ -213,15 +219,18 @@ def end_ops(keys: Keys, header: TxHeader, *, locks: Iterable[bytes],
 
 def abort_plan(keys: Keys, header: TxHeader, rev: int, *, locks: Iterable[bytes],
                reservations: Iterable[bytes], fence: Sequence[Compare] = (),
-               observed: Mapping[bytes, int] | None = None) -> TxnPlan:
-    """End the transaction without applying anything (abort, expiry, conflict)."""
+               observed: Mapping[bytes, int] | None = None,
+               history: Sequence[Put] = ()) -> TxnPlan:
+    """End the transaction without applying anything (abort, expiry, conflict), with its
+    history's end record (and the failed step's entry, when a failure ended it)."""
     hkey = keys.tx_header(header.id)
     compares: list[Compare] = [cmp_mod(hkey, rev), *fence]
     for dk, seen in (observed or {}).items():
         if is_data_key(dk):
             compares.append(cmp_mod(dk, seen))
-    return TxnPlan(compares, end_ops(keys, header, locks=locks, reservations=reservations),
-                   [Get(k) for k in read_back_keys(hkey, compares)])
+    success = end_ops(keys, header, locks=locks, reservations=reservations)
+    success.extend(history)
+    return TxnPlan(compares, success, [Get(k) for k in read_back_keys(hkey, compares)])
 
 
 # ---- commit --------------------------------------------------------------------------
@@ -238,7 +247,8 @@ class CommitSnapshot:
     outbox: Sequence[tuple[bytes, bytes]]          # (key, value) per effect, same order
 
 
-def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0) -> TxnPlan:
+def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0,
+                history: Sequence[Put] = ()) -> TxnPlan:
     """The commit of SPEC §2, as etcd's STM does it: compare every key of the read and
     write sets with the revision the transaction first observed (0 = absent), apply the
     buffered writes, move staged effects to the outbox (re-reserving their idempotency
@@ -266,5 +276,6 @@ def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0)
         success.append(Put(keys.effect_key(h.principal, effect.idempotency_key),
                            reservation_value(h.id, 0, "committed"), lease=reservation_lease))
     success.extend(end_ops(keys, h, locks=locks, reservations=()))
+    success.extend(history)  # the end record: one small key
     return TxnPlan(compares, success, [Get(hkey)])
 

@@ -10,6 +10,8 @@ Layout (contracts.layout):
                                         it observed first (read set) and its buffered write
     tx/<id>/fx/<n>/<i>     StagedEffect an effect staged by live step n
     tx/<id>/meta           metadata     BeginTransaction.metadata (audit only)
+    hist/<id>/...          history      kept after the end on shared leases (engine.history,
+                                        which has its own records and codec)
 
 Why this shape (SPEC §2 "cost does not grow"): a step reads and writes the header plus
 the entries of the keys it touches and nothing else, so step 500 costs what step 1
@@ -113,6 +115,8 @@ class UndoIntent:
     next_step_id: int = 0
     global_resets: int = 0
     replay_used: int = 0
+    # end: how it ends (status, ended_by, reason), for the history of whoever finishes it
+    ending: tuple[str, str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +138,8 @@ class TxHeader:
     quota_slot: int = -1            # <prefix>/open/<principal>/<slot>, -1: none
     fs_pending: FsPending | None = None
     undoing: UndoIntent | None = None
+    history_seq: int = 0            # history entries written (engine.history): the next key
+    history_lease: int = 0          # the lease its history entries are on (0: none yet)
 
     @property
     def live(self) -> range:
@@ -253,6 +259,12 @@ def encode_header(h: TxHeader) -> bytes:
         u = h.undoing
         doc["un"] = [list(u.steps), u.owner, u.since, u.end, u.automatic, u.next_step_id,
                      u.global_resets, u.replay_used]
+        if u.ending is not None:
+            doc["un"].append(list(u.ending))
+    if h.history_seq:
+        doc["hs"] = h.history_seq
+    if h.history_lease:
+        doc["hl"] = h.history_lease
     return to_json(doc)
 
 
@@ -268,8 +280,10 @@ def decode_header(raw: bytes) -> TxHeader:
         highest_step=d["hi"], replay_used=d["ru"], global_resets=d["gr"],
         constraints=tuple(d["co"]), budget=_budget(d.get("bu")), quota_slot=d.get("qs", -1),
         fs_pending=FsPending(fp[0], fp[1], fp[2], fp[3], fp[4]) if fp else None,
-        undoing=UndoIntent(tuple(un[0]), un[1], un[2], un[3], un[4], un[5], un[6], un[7])
+        undoing=UndoIntent(tuple(un[0]), un[1], un[2], un[3], un[4], un[5], un[6], un[7],
+                           tuple(un[8]) if len(un) > 8 else None)  # type: ignore[arg-type]
         if un else None,
+        history_seq=d.get("hs", 0), history_lease=d.get("hl", 0),
     )
 
 

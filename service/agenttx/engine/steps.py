@@ -23,7 +23,7 @@ import logging
 import pathlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import failpoints
@@ -40,9 +40,18 @@ from ..tools.base import RollbackKind, Tool, ToolError, validate_arguments
 from ..tools.registry import ToolRegistry
 from . import sandbox
 from .cache import DataCache, TxCache, TxState
+from .current import on_current_state
+from .history import ABORTED, Ending, HistoryEntry
 from .limits import Limits, add_constraint, check_step, context_cost
 from .model import Caller, StepOutcome
-from .ops import StepChanges, is_data_key, observation_entries, step_entries, step_plan
+from .ops import (
+    StepChanges,
+    TxnPlan,
+    is_data_key,
+    observation_entries,
+    step_entries,
+    step_plan,
+)
 from .planner import (
     FailureFacts,
     PolicyLimits,
@@ -97,14 +106,58 @@ def require_active(header: TxHeader) -> None:
         raise FailedPrecondition(f"transaction {header.id} is {header.status}")
 
 
-@dataclass
-class _Attempt:
-    """One run of the tool: what it saw and did."""
+@dataclass(frozen=True)
+class StepRequest:
+    """What ExecuteStep asked for, parsed once: the same for every attempt at it."""
 
+    caller: Caller
+    tx_id: str
+    step_id: int
+    tool_name: str
+    tool: Tool | None
+    arguments_json: str
+    parsed: dict[str, Any] | None
+    parse_error: str | None
+    references: list[Reference]
+    ref_steps: set[int]
+    raw_context: str
+    fresh: bool                      # a custom saga: never run on a cached assumption
+
+
+@dataclass
+class Attempt:
+    """One run of the tool: the request, the state it ran on, what it saw and did."""
+
+    request: StepRequest
+    state: TxState
     view: StepView
-    refs: set[int]
-    provenance: dict[str, int]
+    refs: set[int] = field(default_factory=set)
+    provenance: dict[str, int] = field(default_factory=dict)
     result: Any = None
+
+    @property
+    def header(self) -> TxHeader:
+        return self.state.header
+
+    @property
+    def step_id(self) -> int:
+        return self.request.step_id
+
+    @property
+    def tool(self) -> Tool | None:
+        return self.request.tool
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A successful attempt, ready for its CAS: the record, the header after it, the
+    changes as the view recorded them, the plan and the encoded output."""
+
+    record: StepRecord
+    header: TxHeader
+    changes: StepChanges
+    plan: TxnPlan
+    output_json: str
 
 
 class Stepper:
@@ -121,46 +174,48 @@ class Stepper:
         tool = self.tools.get(tool_name)
         parsed, parse_error = await _parse(arguments_json)
         references = find_references(parsed) if parsed is not None else []
-        ref_steps = {r.step for r in references if r.step is not None}
-        fresh = is_custom_saga(tool)
+        request = StepRequest(
+            caller=caller, tx_id=tx_id, step_id=step_id, tool_name=tool_name, tool=tool,
+            arguments_json=arguments_json, parsed=parsed, parse_error=parse_error,
+            references=references, ref_steps={r.step for r in references if r.step is not None},
+            raw_context=raw_context, fresh=is_custom_saga(tool))
         note(tx=tx_id, step=step_id, tool=tool_name)
+
+        async def load() -> TxState:
+            return await self.loader.for_step(tx_id, request.ref_steps,
+                                              self._prefetch(tool, parsed), use_cache=False)
+
+        async def judge(state: TxState) -> TxState:
+            require_owner(state, caller)
+            state = await self.undoer.settle(state)
+            require_active(state.header)
+            if step_id != state.header.next_step_id:
+                raise FailedPrecondition(
+                    f"step_id {step_id} is out of order: transaction {tx_id} expects "
+                    f"step {state.header.next_step_id}")
+            return state
+
+        async def act(state: TxState) -> StepOutcome:
+            with tracing.tool_span(tool_name, tx_id, step_id):
+                return await self._run(request, state)
+
+        def on_stale(stale: Stale, from_cache: bool) -> bool:
+            current = stale.header
+            if current is not None and (current.next_step_id != step_id
+                                        or current.status != ACTIVE):
+                raise FailedPrecondition(
+                    f"step {step_id} lost a race: transaction {tx_id} was changed "
+                    f"concurrently and now expects step {current.next_step_id}") from None
+            return current is None and not request.fresh
+
+        def gave_up() -> Exception:
+            return StoreUnavailable(f"step {step_id} of transaction {tx_id} kept meeting "
+                                    "concurrent changes to the keys it reads; retry the step")
+
         async with self.txs.locked(tx_id):
-            use_cache = not fresh
-            for _ in range(MAX_ATTEMPTS):
-                cached = self.txs.get(tx_id) if use_cache else None
-                state = cached or await self.loader.for_step(
-                    tx_id, ref_steps, self._prefetch(tool, parsed), use_cache=False)
-                try:
-                    require_owner(state, caller)
-                    state = await self.undoer.settle(state)
-                    require_active(state.header)
-                    if step_id != state.header.next_step_id:
-                        raise FailedPrecondition(
-                            f"step_id {step_id} is out of order: transaction {tx_id} expects "
-                            f"step {state.header.next_step_id}")
-                except (FailedPrecondition, NotFound):
-                    if cached is None:
-                        raise
-                    # judged on a cached state: maybe stale, ask etcd before answering
-                    self.txs.evict(tx_id)
-                    use_cache = False
-                    continue
-                try:
-                    with tracing.tool_span(tool_name, tx_id, step_id):
-                        return await self._run(state, step_id, tool_name, tool, parsed,
-                                               parse_error, references, ref_steps,
-                                               raw_context, fresh)
-                except Stale as stale:
-                    current = stale.header
-                    if current is not None and (current.next_step_id != step_id
-                                                or current.status != ACTIVE):
-                        raise FailedPrecondition(
-                            f"step {step_id} lost a race: transaction {tx_id} was changed "
-                            f"concurrently and now expects step {current.next_step_id}"
-                        ) from None
-                    use_cache = current is None and not fresh
-        raise StoreUnavailable(f"step {step_id} of transaction {tx_id} kept meeting concurrent "
-                               "changes to the keys it reads; retry the step")
+            return await on_current_state(self.txs, tx_id, load=load, judge=judge, act=act,
+                                          on_stale=on_stale, gave_up=gave_up,
+                                          attempts=MAX_ATTEMPTS, use_cache=not request.fresh)
 
     def _prefetch(self, tool: Tool | None, parsed: dict[str, Any] | None) -> list[bytes]:
         """Data keys a tool names literally, read with the header on a cache miss."""
@@ -181,92 +236,84 @@ class Stepper:
 
     # ---- one attempt -------------------------------------------------------------------
 
-    async def _run(self, state: TxState, step_id: int, tool_name: str, tool: Tool | None,
-                   parsed: dict[str, Any] | None, parse_error: str | None,
-                   references: list[Reference], ref_steps: set[int], raw_context: str,
-                   fresh: bool) -> StepOutcome:
+    async def _run(self, request: StepRequest, state: TxState) -> StepOutcome:
         h = state.header
         view = StepView(keys=self.keys, state=state, data=self.data,
-                        fetch=lambda e, d: self.loader.fetch(h.id, e, d), step_id=step_id,
-                        attempt=sandbox.new_attempt(), owner=h.principal,
-                        channel_names=self.channel_names, fresh=fresh)
-        attempt = _Attempt(view, set(), {})
+                        fetch=lambda e, d: self.loader.fetch(h.id, e, d),
+                        step_id=request.step_id, attempt=sandbox.new_attempt(),
+                        owner=h.principal, channel_names=self.channel_names,
+                        fresh=request.fresh)
+        attempt = Attempt(request, state, view)
+        tool = request.tool
         if tool is not None and tool.name.startswith("fs."):
             await asyncio.to_thread(pathlib.Path(h.policy.fs_root).mkdir, parents=True,
                                     exist_ok=True)
         try:
-            if parse_error is not None:
-                raise ToolError(parse_error)
+            if request.parse_error is not None:
+                raise ToolError(request.parse_error)
             if tool is None:
-                raise ToolError(f"function {tool_name}() does not exist")
-            outputs = await self.loader.outputs(state, ref_steps)
+                raise ToolError(f"function {request.tool_name}() does not exist")
+            outputs = await self.loader.outputs(state, request.ref_steps)
             try:
-                resolution = resolve(parsed, outputs, h.live, references)
+                resolution = resolve(request.parsed, outputs, h.live, request.references)
             except ReferenceError_ as exc:
                 attempt.refs = set(exc.referenced)
                 raise ToolError(exc.message, argument=exc.argument) from None
             attempt.refs, attempt.provenance = set(resolution.referenced), resolution.provenance
             args = validate_arguments(resolution.value, tool.fields)
             attempt.result = await tool.execute(args, view)
-            output = attempt.result.output
-            output_json = dumps(output)
-            record, new_header, changes, plan = self._success(state, step_id, tool_name,
-                                                              attempt, output, output_json,
-                                                              raw_context)
+            applied = await self._success(attempt, attempt.result.output)
         except ToolError as exc:
-            return await self._failed(state, step_id, tool_name, tool, attempt, exc.message,
-                                      exc.argument, exc.data)
-        except Stale:
+            return await self._failed(attempt, exc.message, exc.argument, exc.data)
+        except (Stale, NotFound, FailedPrecondition, StoreUnavailable):
             await view.discard()
-            await self._compensate_unrecorded(tool, attempt, h.id, step_id)
-            raise
-        except (NotFound, FailedPrecondition, StoreUnavailable):
-            await view.discard()
-            await self._compensate_unrecorded(tool, attempt, h.id, step_id)
+            await self._compensate_unrecorded(attempt)
             raise
         except Exception as exc:  # a custom tool's own failure: its text is the message
-            log.info("tool raised", extra={"tx": h.id, "tool": tool_name,
+            log.info("tool raised", extra={"tx": h.id, "tool": request.tool_name,
                                            "error": f"{type(exc).__name__}: {exc}"})
-            return await self._failed(state, step_id, tool_name, tool, attempt,
-                                      str(exc) or type(exc).__name__, None, None)
-        return await self._apply(state, step_id, tool, attempt, record, new_header, changes,
-                                 plan, output_json, raw_context)
+            return await self._failed(attempt, str(exc) or type(exc).__name__, None, None)
+        return await self._apply(attempt, applied)
 
-    def _success(self, state: TxState, step_id: int, tool_name: str, attempt: _Attempt,
-                 output: Any, output_json: str, raw_context: str
-                 ) -> tuple[StepRecord, TxHeader, StepChanges, Any]:
+    async def _success(self, attempt: Attempt, output: Any) -> Applied:
+        request, state, view = attempt.request, attempt.state, attempt.view
         h = state.header
-        view = attempt.view
+        output_json = dumps(output)
         known = self._known(state, view)
         entries = step_entries(view.before, view.states, view.observed, known)
-        delta = _delta(view, known, entries, tool_name, raw_context)
+        delta = _delta(view, known, entries, request.tool_name, request.raw_context)
         fs = view.fs
         record = StepRecord(
-            step_id=step_id, tool=tool_name, attempt=view.attempt, output=output,
-            refs=tuple(sorted(attempt.refs)),
+            step_id=request.step_id, tool=request.tool_name, attempt=view.attempt,
+            output=output, refs=tuple(sorted(attempt.refs)),
             undo=tuple(UndoImage(dk, obs, st) for dk, (obs, st) in view.before.items()),
             effect_keys=tuple(view.effect_keys), effects=len(view.effects),
             fs=fs.record if fs is not None else None,
             saga=attempt.result.compensation if attempt.result is not None else None,
-            has_saga=is_custom_saga(self.tools.get(tool_name)),
+            has_saga=is_custom_saga(request.tool),
             context_bytes=delta.context_bytes, delta=delta)
         now = time.time()
         new_header = replace(
-            h, next_step_id=step_id + 1, attempts=0, highest_step=max(h.highest_step, step_id),
-            updated_at=now, budget=h.budget.plus(delta),
-            fs_pending=FsPending(step_id, view.attempt, self.replica_id, now, fs.record.target)
-            if fs is not None else None)
+            h, next_step_id=request.step_id + 1, attempts=0,
+            highest_step=max(h.highest_step, request.step_id), updated_at=now,
+            budget=h.budget.plus(delta),
+            fs_pending=FsPending(request.step_id, view.attempt, self.replica_id, now,
+                                 fs.record.target) if fs is not None else None)
         changes = StepChanges(observed=view.observed, entries=entries, assumed=view.assumed,
                               effects=view.effects,
                               reservations=view.effect_keys, lock_new=view.lock_new,
                               lock_held=view.lock_held)
-        plan = step_plan(self.keys, h, state.rev, new_header, record, raw_context, changes)
+        entry = HistoryEntry.of(request.step_id, request.tool_name, "SUCCESS",
+                                arguments_json=request.arguments_json, output_json=output_json)
+        put, new_header = await self.undoer.history.entry(new_header, entry)
+        plan = step_plan(self.keys, h, state.rev, new_header, record, request.raw_context,
+                         changes, history=[put])
         message = check_step(self.limits, new_header.budget, step_compares=len(plan.compares),
                              step_ops=len(plan.success), step_bytes=plan.request_bytes,
                              output_bytes=len(output_json.encode()), constraints=h.constraints)
         if message is not None:
             raise ToolError(message)
-        return record, new_header, changes, plan
+        return Applied(record, new_header, changes, plan, output_json)
 
     @staticmethod
     def _known(state: TxState, view: StepView) -> dict[bytes, Touched | None]:
@@ -275,10 +322,9 @@ class Stepper:
             out[dk] = view.fetched[dk] if dk in view.fetched else state.entries.get(dk)
         return out
 
-    async def _apply(self, state: TxState, step_id: int, tool: Tool | None, attempt: _Attempt,
-                     record: StepRecord, new_header: TxHeader, changes: StepChanges, plan: Any,
-                     output_json: str, raw_context: str) -> StepOutcome:
-        view = attempt.view
+    async def _apply(self, attempt: Attempt, applied: Applied) -> StepOutcome:
+        view, state, step_id = attempt.view, attempt.state, attempt.step_id
+        record, plan = applied.record, applied.plan
         tx = state.header.id
         if view.fs is not None:
             failpoints.hit("fs.write.before_intent")
@@ -295,18 +341,18 @@ class Stepper:
                 self._settle_later(tx, step_id, view.attempt, view.fs.tmp)
                 view.fs = None
             self.txs.evict(tx)
-            if is_custom_saga(tool):
+            if is_custom_saga(attempt.tool):
                 if await self._recorded(tx, step_id, record.attempt):
                     return StepOutcome(status="SUCCESS", next_step_id=step_id + 1,
-                                       constraints=list(new_header.constraints),
-                                       output_json=output_json)
-                await self._compensate_unrecorded(tool, attempt, tx, step_id)
+                                       constraints=list(applied.header.constraints),
+                                       output_json=applied.output_json)
+                await self._compensate_unrecorded(attempt)
             raise StoreUnavailable(
                 f"etcd unreachable while recording step {step_id} of transaction {tx}; its "
                 "outcome is unknown: call GetTransaction") from None
         if not res.succeeded:
             await view.discard()
-            await self._compensate_unrecorded(tool, attempt, tx, step_id)
+            await self._compensate_unrecorded(attempt)
             raise self.undoer.lost(state, plan, res, "step")
         if view.fs is not None:
             failpoints.hit("fs.write.after_intent")
@@ -315,18 +361,18 @@ class Stepper:
             except OSError as exc:
                 log.error("fs.write rename failed after its intent was committed",
                           extra={"tx": tx, "step": step_id, "error": str(exc)})
-                return await self._rename_failed(state, record, new_header, res.revision,
-                                                 attempt, exc)
+                return await self._rename_failed(attempt, applied, res.revision, exc)
             failpoints.hit("fs.write.after_rename")
-        self._remember(state, record, new_header, res.revision, changes, output_json)
+        self._remember(state, applied, res.revision)
         METRICS.child(METRICS.steps, _tool_label(self.tools, record.tool), "success").inc()
         note(status="SUCCESS", extra_reads=view.extra_reads)
         return StepOutcome(status="SUCCESS", next_step_id=step_id + 1,
-                           constraints=list(new_header.constraints), output_json=output_json)
+                           constraints=list(applied.header.constraints),
+                           output_json=applied.output_json)
 
-    def _remember(self, state: TxState, record: StepRecord, header: TxHeader, rev: int,
-                  changes: StepChanges, output_json: str) -> None:
+    def _remember(self, state: TxState, applied: Applied, rev: int) -> None:
         """Carry the step that just applied into the cached state."""
+        record, header, changes = applied.record, applied.header, applied.changes
         tx = header.id
         if self.txs.get(tx) is not state:
             return
@@ -343,23 +389,27 @@ class Stepper:
             self.data.remember(changes.lock_new, KeyValue(changes.lock_new, tx.encode(), rev,
                                                           rev, 0))
         undo_image = len(record.fs.previous or b"") if record.fs is not None else 0
-        self.txs.grow(tx, state, 256 * (len(changes.entries) + 1) + 2 * len(output_json)
-                      + undo_image)
+        self.txs.grow(tx, state, 256 * (len(changes.entries) + 1)
+                      + 2 * len(applied.output_json) + undo_image)
 
-    async def _rename_failed(self, state: TxState, record: StepRecord, header: TxHeader,
-                             rev: int, attempt: _Attempt, exc: OSError) -> StepOutcome:
+    async def _rename_failed(self, attempt: Attempt, applied: Applied, rev: int,
+                             exc: OSError) -> StepOutcome:
         """The intent is recorded but the file could not be put in place: undo the step
         record (the disk never changed), then report the failure like any other."""
-        view = attempt.view
-        applied = TxState(header=header, rev=rev, entries=dict(state.entries), complete=False)
-        applied.records[record.step_id] = record
-        await self.undoer.run(applied, [record], Target(record.step_id, False, False),
-                              base=replace(header, fs_pending=None))
-        await view.discard()
+        record, header = applied.record, applied.header
+        state = TxState(header=header, rev=rev, entries=dict(attempt.state.entries),
+                        complete=False)
+        state.records[record.step_id] = record
+        # the failure's history entry takes the place of the SUCCESS one the CAS wrote
+        await self.undoer.run(state, [record], Target(record.step_id, False, False),
+                              base=replace(header, fs_pending=None,
+                                           history_seq=header.history_seq - 1))
+        await attempt.view.discard()
         fresh = await self.loader.for_step(header.id, (), (), use_cache=False)
         path = record.fs.path if record.fs is not None else "?"
-        return await self._failed(fresh, record.step_id, record.tool, None, attempt,
-                                  f"{exc.strerror or exc}: '{path}'", "path", None,
+        rerun = replace(attempt, state=fresh,
+                        request=replace(attempt.request, tool=None))
+        return await self._failed(rerun, f"{exc.strerror or exc}: '{path}'", "path", None,
                                   rebuild_view=True)
 
     def _settle_later(self, tx_id: str, step_id: int, attempt: str,
@@ -395,10 +445,10 @@ class Stepper:
                 "its outcome is unknown: call GetTransaction") from None
         return kv is not None and decode_step(kv.value).attempt == attempt
 
-    async def _compensate_unrecorded(self, tool: Tool | None, attempt: _Attempt, tx_id: str,
-                                     step_id: int) -> None:
+    async def _compensate_unrecorded(self, attempt: Attempt) -> None:
         """A custom saga already changed the world: if its step is not recorded, undo it
-        now, or the step would have an effect without being live (SPEC §2)."""
+        now, or the step would have an effect without being live (docs/recovery.md)."""
+        tool = attempt.tool
         if attempt.result is None or not is_custom_saga(tool):
             return
         assert tool is not None
@@ -407,17 +457,16 @@ class Stepper:
             await tool.compensate(result.compensation)
         except Exception as exc:  # logged loudly: the effect outlives its step
             log.error("could not compensate an unrecorded saga step",
-                      extra={"tx": tx_id, "step": step_id, "tool": tool.name,
-                             "error": f"{type(exc).__name__}: {exc}"})
+                      extra={"tx": attempt.header.id, "step": attempt.step_id,
+                             "tool": tool.name, "error": f"{type(exc).__name__}: {exc}"})
 
     # ---- a failed step -----------------------------------------------------------------
 
-    async def _failed(self, state: TxState, step_id: int, tool_name: str, tool: Tool | None,
-                      attempt: _Attempt, raw: str, argument: str | None, data: str | None,
-                      *, rebuild_view: bool = False) -> StepOutcome:
-        view = attempt.view
+    async def _failed(self, attempt: Attempt, raw: str, argument: str | None,
+                      data: str | None, *, rebuild_view: bool = False) -> StepOutcome:
+        view, state, step_id = attempt.view, attempt.state, attempt.step_id
         await view.discard()
-        await self._compensate_unrecorded(tool, attempt, state.header.id, step_id)
+        await self._compensate_unrecorded(attempt)
         h = state.header
         cleaned = clean_error(raw, known_tools=self.tools.names())
         constraints = add_constraint(h.constraints, cleaned.hint)
@@ -451,13 +500,21 @@ class Stepper:
         observations = observation_entries(observed, known)
         base = replace(h, constraints=constraints, highest_step=highest, updated_at=time.time(),
                        fs_pending=None)
-        tool_label = _tool_label(self.tools, tool_name)
+        request = attempt.request
+        tool_label = _tool_label(self.tools, request.tool_name)
+        entry = HistoryEntry.of(
+            step_id, request.tool_name,
+            "FAILED" if plan.strategy is Strategy.ABORT else "ROLLBACK_TRIGGERED",
+            arguments_json=request.arguments_json, category=cleaned.category,
+            hint=cleaned.hint, strategy=plan.strategy.value)
         if plan.strategy is Strategy.LOCAL_BACKTRACK:
             new = replace(base, attempts=attempts, budget=replace(
                 h.budget, read_keys=h.budget.read_keys + len(observations)))
+            put, new = await self.undoer.history.entry(new, entry)
             txn_plan = step_plan(self.keys, h, state.rev, new, None, "",
                                  StepChanges(observed=observed, entries=observations,
-                                             assumed=assumed))
+                                             assumed=assumed),
+                                 history=[put])
             res = await self.undoer.send(state, txn_plan, "step")
             self._remember_failure(state, new, res.revision, observations)
             _count_failure(tool_label, outcome)
@@ -467,8 +524,9 @@ class Stepper:
         result = await self.undoer.run(
             state, records,
             Target(plan.next_step_id, plan.strategy is Strategy.ABORT, True,
-                   plan.global_resets, h.replay_used + len(plan.undo)),
-            base=base, observed=assumed, observations=observations)
+                   plan.global_resets, h.replay_used + len(plan.undo),
+                   Ending(ABORTED, request.caller.principal, plan.abort_reason)),
+            base=base, observed=assumed, observations=observations, failed=entry)
         outcome.rollback_latency_ms = (time.perf_counter() - started) * 1000.0
         if result.errors:
             assert result.header is not None

@@ -36,10 +36,11 @@ from ..errors import FailedPrecondition, NotFound
 from ..observability import tracing
 from ..observability.context import note
 from ..observability.metrics import METRICS
-from ..store.ops import Compare, KeyValueStore, TxnResult
+from ..store.ops import Compare, KeyValueStore, Put, TxnResult
 from ..tools.registry import ToolRegistry
 from . import sandbox
 from .cache import DataCache, TxCache, TxState
+from .history import ABORTED, Ending, HistoryEntry, HistoryWriter
 from .ops import TxnPlan, abort_plan, read_back_keys, rollback_plan, undone_entries
 from .snapshot import Loader, not_found
 from .state import (
@@ -80,6 +81,7 @@ class Target:
     automatic: bool
     global_resets: int | None = None
     replay_used: int | None = None
+    ending: Ending | None = None     # end: how (default: aborted by the owner, no reason)
 
 
 @dataclass
@@ -91,9 +93,11 @@ class UndoResult:
 
 class Undoer:
     def __init__(self, store: KeyValueStore, keys: Keys, tools: ToolRegistry, loader: Loader,
-                 txs: TxCache, data: DataCache, replica_id: str) -> None:
+                 txs: TxCache, data: DataCache, replica_id: str,
+                 history: HistoryWriter) -> None:
         self.store, self.keys, self.tools, self.loader = store, keys, tools, loader
         self.txs, self.data, self.replica_id = txs, data, replica_id
+        self.history = history
 
     # ---- CAS bookkeeping ---------------------------------------------------------------
 
@@ -125,12 +129,15 @@ class Undoer:
                   base: TxHeader | None = None,
                   fence: Callable[[], Sequence[Compare]] = lambda: (),
                   observed: Mapping[bytes, int] | None = None,
-                  observations: Mapping[bytes, Touched] | None = None) -> UndoResult:
+                  observations: Mapping[bytes, Touched] | None = None,
+                  failed: HistoryEntry | None = None) -> UndoResult:
         """Undo `records` (a suffix of the live steps, newest first) and commit the state
         that results (`target`, or the end of the transaction). `base` is the header to
         build on (the caller's changes: constraints, attempts...); `observed` and
         `observations` are a failed step's first reads, validated and recorded in the
-        same CAS. Raises Stale when the transaction (or an assumed key) changed first."""
+        same CAS, and `failed` its history entry, written by the first CAS (and again
+        by the last as MANUAL when an undo fails). Raises Stale when the transaction (or
+        an assumed key) changed first."""
         header = base or state.header
         rev = state.rev
         steps = tuple(r.step_id for r in records)
@@ -138,6 +145,12 @@ class Undoer:
         if read_new:
             header = replace(header, budget=replace(header.budget,
                                                      read_keys=header.budget.read_keys + read_new))
+        seq = header.history_seq
+        pending: list[Put] = []
+        if failed is not None:
+            put, header = await self.history.entry(header, failed)
+            pending = [put]
+        ending = (target.ending or Ending(ABORTED, header.principal)).cut()
         intent_needed = any(r.fs is not None or r.has_saga for r in records)
         if intent_needed:
             intent = UndoIntent(steps, self.replica_id, time.time(), target.end,
@@ -145,13 +158,16 @@ class Undoer:
                                 target.global_resets if target.global_resets is not None
                                 else header.global_resets,
                                 target.replay_used if target.replay_used is not None
-                                else header.replay_used)
+                                else header.replay_used,
+                                (ending.status, ending.ended_by, ending.reason)
+                                if target.end else None)
             marked = replace(header, undoing=intent, updated_at=time.time())
             plan = rollback_plan(self.keys, state.header, rev, marked, (), fence=fence(),
-                                 observations=observations, observed=observed)
+                                 observations=observations, observed=observed,
+                                 history=pending)
             res = await self.send(state, plan, "undo intent")
             header, rev = marked, res.revision
-            observed, observations = None, None
+            observed, observations, pending = None, None, []
             failpoints.hit("undo.after_intent")
         started = time.perf_counter()
         errors, done = await self.undo_actions(state.header.id, records)
@@ -166,8 +182,12 @@ class Undoer:
                           fs_pending=None, budget=budget, updated_at=now,
                           next_step_id=min(done) if done else header.next_step_id,
                           replay_used=header.replay_used + (len(done) if target.automatic else 0))
+            if failed is not None:  # the step's answer says MANUAL: so does its entry
+                pending = [self.history.rewrite(header, seq, replace(
+                    failed, status="ROLLBACK_TRIGGERED", strategy="MANUAL"))]
             plan = rollback_plan(self.keys, header, rev, new, done_records, fence=fence(),
-                                 observations=observations, observed=observed)
+                                 observations=observations, observed=observed,
+                                 history=pending)
             await self._final(state, plan, intent_needed)
             self._cache(state, new, done_records)
             log.warning("undo failed; transaction awaits manual rollback",
@@ -178,7 +198,8 @@ class Undoer:
                               locks=[r.fs.lock_key for r in done_records
                                      if r.fs is not None and r.fs.lock_new],
                               reservations=[k for r in done_records for k in r.effect_keys],
-                              fence=fence(), observed=observed)
+                              fence=fence(), observed=observed,
+                              history=[*pending, await self.history.end(header, ending)])
             await self._final(state, plan, intent_needed)
             self.txs.evict(state.header.id)
             note(undo_ms=round((time.perf_counter() - started) * 1000, 2))
@@ -190,7 +211,7 @@ class Undoer:
                       replay_used=header.replay_used if target.replay_used is None
                       else target.replay_used)
         plan = rollback_plan(self.keys, header, rev, new, done_records, fence=fence(),
-                             observations=observations, observed=observed)
+                             observations=observations, observed=observed, history=pending)
         res = await self._final(state, plan, intent_needed)
         self._cache(state, new, done_records, res.revision, observations)
         return UndoResult([], done, new)
@@ -275,9 +296,10 @@ class Undoer:
                     extra={"tx": tx, "steps": steps, "owner": intent.owner})
         records = await self.loader.records(state, steps)
         base = replace(state.header, undoing=None)
+        ending = Ending(*intent.ending) if intent.ending is not None else None
         result = await self.run(state, records, Target(intent.next_step_id, intent.end,
                                                        intent.automatic, intent.global_resets,
-                                                       intent.replay_used), base=base)
+                                                       intent.replay_used, ending), base=base)
         if intent.end and not result.errors:
             raise not_found(tx)
         return await self.loader.for_step(tx, (), (), use_cache=False)

@@ -298,6 +298,14 @@ class Store:
         lease = await self._round_trip(what, self.client.lease, ttl_s, failure="lease grant")
         return int(lease.id), int(lease.ttl)
 
+    async def refresh_lease(self, lease_id: int, what: str = "lease") -> int:
+        """Reset a lease's time to live to the TTL it was granted with; returns the TTL
+        (0 or less: the lease no longer exists)."""
+        await self.client.connect()
+        resp = await self._round_trip(what, self.client.refresh_lease, lease_id,
+                                      failure="lease refresh")
+        return int(getattr(resp, "TTL", 0))
+
     async def ping(self, timeout: float) -> None:
         """One cheap round trip (a 1-key range), for readiness; raises StoreUnavailable."""
         await self.client.connect()

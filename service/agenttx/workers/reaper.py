@@ -45,8 +45,10 @@ class Reaper:
         self.default_idle_timeout_s = default_idle_timeout_s
         self.lease = LeaderLease(store, keys.leader("reaper"), replica_id, ttl_s=ttl_s,
                                  role="reaper")
+        # Often enough to expire idle transactions on time, and to refresh the history
+        # leases of open ones at least every half bucket (engine.history.OpenLeases).
         self.interval_s = interval_s if interval_s is not None else min(
-            5.0, max(0.2, default_idle_timeout_s / 10))
+            5.0, max(0.2, default_idle_timeout_s / 10), engine.history_lease.bucket_s / 4)
         self.fs_roots = fs_roots
         self.temp_sweep_s = temp_sweep_s
         self.temp_min_age_s = temp_min_age_s
@@ -78,12 +80,14 @@ class Reaper:
         """One pass over the transaction headers; returns how many were expired."""
         now = time.time()
         expired = opened = awaiting = 0
+        pinned: set[int] = set()
         timeout: float
         async for page in self.store.pages(self.keys.headers_prefix(), what="reaper scan"):
             idle: list[tuple[str, int, float]] = []
             for kv in page:
                 header = decode_header(kv.value)
                 opened += 1
+                pinned.add(header.history_lease)
                 awaiting += header.status == AWAITING_ROLLBACK
                 timeout = header.policy.idle_timeout_s or self.default_idle_timeout_s
                 if now - header.updated_at >= timeout:
@@ -99,9 +103,10 @@ class Reaper:
                         continue
                 if not self.lease.is_leader:
                     raise NotLeader("reaper term ended mid-sweep")
-                if await self.engine.expire(tx_id, rev, self.lease.fence):
+                if await self.engine.expire(tx_id, rev, self.lease.fence, timeout):
                     expired += 1
                     opened -= 1
+        await self.engine.keep_history_alive(pinned)
         METRICS.open_transactions.set(opened)
         METRICS.awaiting_rollback.set(awaiting)
         return expired
