@@ -11,7 +11,8 @@ import uuid
 from typing import Any
 
 from ..contracts.policy import DEPTH_MAX, DEPTH_MIN, FACTOR_MAX, FACTOR_MIN
-from ..errors import InvalidArgument, NotFound
+from ..engine.model import Caller
+from ..errors import InvalidArgument, NotFound, PermissionDenied
 
 MAX_AGENT_ID_BYTES = 256
 MAX_METADATA_ENTRIES = 64
