@@ -27,8 +27,8 @@ from typing import Any
 
 from .jsonargs import MAX_DEPTH, dumps, json_depth
 
-__all__ = ["MAX_EXPANSION", "Reference", "ReferenceError_", "Resolution", "find_references",
-           "has_reference", "offending_step", "resolve"]
+__all__ = ["MAX_EXPANSION", "OverBudget", "Reference", "ReferenceError_", "Resolution",
+           "find_references", "has_reference", "offending_step", "resolve"]
 
 # References may not expand the arguments beyond this many characters: one 1 MiB output
 # referenced thousands of times would otherwise build gigabytes in memory before the
@@ -45,6 +45,12 @@ _MAX_STEP_DIGITS = 18
 _SHOWN_DIGITS = 20  # a step number is shown whole up to this many digits
 _SHOWN_REFERENCE = 80  # a reference's text is shown whole up to this many characters
 _SHOWN_LIVE = 10  # live steps are listed one by one up to this many, else as a range
+# What resolving costs, in the units of resolve()'s `budget` (characters of JSON text): a
+# reference costs about what serialising this many characters does (a few µs of Python),
+# plus its own length (its path is walked segment by segment); each item of a referenced
+# value costs _ITEM_COST besides its strings.
+REFERENCE_COST = 256
+_ITEM_COST = 8
 
 
 # Where a value sits: (where its container sits, key or index); None for the arguments
@@ -65,6 +71,12 @@ class Reference:
     whole: bool  # the argument's string is exactly this reference (keeps the JSON type)
     _where: _Where = field(default=None, compare=False, repr=False)
     _levels: int = field(default=0, compare=False, repr=False)  # containers holding it
+
+
+class OverBudget(Exception):
+    """resolve() gave up: resolving these references costs more than its `budget`. Nothing
+    was returned; the caller runs it again without a budget where the time is affordable
+    (the engine: on a worker thread instead of the event loop)."""
 
 
 class ReferenceError_(Exception):
@@ -218,8 +230,9 @@ class _Found:
 
 class _Resolver:
     def __init__(self, outputs: Mapping[int, Any], live: range,
-                 referenced: frozenset[int]) -> None:
+                 referenced: frozenset[int], budget: int | None) -> None:
         self.outputs, self.live, self.referenced = outputs, live, referenced
+        self.budget = budget  # what is left of it; None: unbounded
         self.provenance: dict[str, int] = {}
         self.expanded = 0
         self.seen: dict[tuple[int, tuple[str, ...]], _Found] = {}  # each value looked up once
@@ -247,6 +260,8 @@ class _Resolver:
                     shown = ".".join(ref.path[: i + 1])
                     raise self.fail(f'column "{shown}" does not exist in the output of step '
                                     f"{step} (referenced as {_shown(ref.raw)})", ref)
+            if self.budget is not None:  # charged before the text is built
+                self.budget -= _text_cost(cur, self.budget)
             self.seen[key] = _Found(cur, cur if isinstance(cur, str) else dumps(cur))
         found = self.seen[key]
         self.expanded += len(found.text)
@@ -267,7 +282,8 @@ class _Resolver:
 
 
 def resolve(args: Any, outputs: Mapping[int, Any], live: range,
-            references: list[Reference] | None = None) -> Resolution:
+            references: list[Reference] | None = None, *,
+            budget: int | None = None) -> Resolution:
     """Replace the references in every string of `args` with values from `outputs`.
 
     `live` is the range of live step ids (in AgentTx always `range(1, next_step_id)`);
@@ -276,12 +292,26 @@ def resolve(args: Any, outputs: Mapping[int, Any], live: range,
     to save a second scan). Raises ReferenceError_ for the first reference, in document
     order, that names a step that is not live or a path its output lacks, or that would
     expand or nest the arguments beyond the limits. Containers without references are
-    shared with `args`, not copied."""
+    shared with `args`, not copied.
+
+    `budget` bounds the work, in characters of JSON text (a reference counts as
+    REFERENCE_COST): once the references, or the values they name, would cost more, it
+    raises OverBudget having spent at most about `budget`. A caller that must not be held
+    long (the event loop) resolves small cases at once and the rest elsewhere. The outcome
+    never depends on the budget: an error met within it is the error the unbounded call
+    raises first, as both follow document order."""
     refs = find_references(args) if references is None else references
-    referenced = frozenset(r.step for r in refs if r.step is not None and r.step in live)
     if not refs:
         return Resolution(value=args)
-    resolver = _Resolver(outputs, live, referenced)
+    if budget is not None:  # each reference, and each segment of its path, is Python work
+        cost = len(refs) * REFERENCE_COST  # checked first: 50k references are not summed
+        if cost <= budget:
+            cost += sum(len(r.raw) for r in refs)
+        if cost > budget:
+            raise OverBudget(f"{len(refs)} references cost more than {budget}")
+        budget -= cost
+    referenced = frozenset(r.step for r in refs if r.step is not None and r.step in live)
+    resolver = _Resolver(outputs, live, referenced, budget)
     # The new value of every string holding references, in document order (errors too).
     strings: dict[int, tuple[_Where, _New]] = {}
     i = 0
@@ -297,6 +327,34 @@ def resolve(args: Any, outputs: Mapping[int, Any], live: range,
         i = j
     value = _rebuild(args, strings)
     return Resolution(value=value, referenced=set(referenced), provenance=resolver.provenance)
+
+
+def _text_cost(value: Any, budget: int) -> int:
+    """About what `value` costs to serialise (characters, plus _ITEM_COST per item); raises
+    OverBudget as soon as that exceeds `budget`. A container is charged for its items
+    before they are looked at, so the walk itself costs at most about `budget` (a value of
+    a million items is never walked through)."""
+    if isinstance(value, str):
+        cost = len(value)
+    elif not isinstance(value, (dict, list)):
+        cost = _ITEM_COST
+    else:
+        cost, stack = 0, [value]
+        while stack and cost <= budget:
+            node = stack.pop()
+            cost += _ITEM_COST * (len(node) + 1)
+            if cost > budget:
+                break
+            if isinstance(node, dict):
+                cost += sum(map(len, node))
+            for item in node.values() if isinstance(node, dict) else node:
+                if isinstance(item, str):
+                    cost += len(item)
+                elif isinstance(item, (dict, list)):
+                    stack.append(item)
+    if cost > budget:
+        raise OverBudget(f"a referenced value of more than {budget} characters")
+    return cost
 
 
 @dataclass(slots=True)
