@@ -176,14 +176,19 @@ def find_references(args: Any) -> list[Reference]:
     """Every `${steps.N.path}` in the string values of `args`, in document order."""
     refs: list[Reference] = []
     cache: dict[int, str] = {}
+    # One tuple per distinct path: a document repeating `${steps.1.value}` 50,000 times
+    # holds one `("value",)`, not 50,000 objects for the garbage collector to walk.
+    paths: dict[str, tuple[str, ...]] = {"": ()}
     for where, levels, text in _start(args):
         argument = _dotted(where, cache)
         whole = _WHOLE.fullmatch(text)  # the common case, in one C call
         found = [(0, len(text), whole.group(1), whole.group(2))] if whole else _scan(text)
         for start, end, digits, dotted in found:
+            path = paths.get(dotted)
+            if path is None:
+                path = paths[dotted] = tuple(dotted.split(".")[1:])
             refs.append(Reference(argument=argument, step=_step_number(digits), digits=digits,
-                                  path=tuple(dotted.split(".")[1:]) if dotted else (),
-                                  raw=text[start:end], offset=start,
+                                  path=path, raw=text[start:end], offset=start,
                                   whole=start == 0 and end == len(text), _where=where,
                                   _levels=levels))
     return refs
@@ -313,17 +318,19 @@ def resolve(args: Any, outputs: Mapping[int, Any], live: range,
     referenced = frozenset(r.step for r in refs if r.step is not None and r.step in live)
     resolver = _Resolver(outputs, live, referenced, budget)
     # The new value of every string holding references, in document order (errors too).
-    strings: dict[int, tuple[_Where, _New]] = {}
+    strings: dict[int, _New] = {}
     i = 0
     while i < len(refs):
         ref, j = refs[i], i + 1
         while j < len(refs) and refs[j]._where is ref._where:  # the same string
             j += 1
         if ref.whole:
-            new = _New(value=resolver.whole(ref))
+            new = _New(ref._where, value=resolver.whole(ref))
         else:
-            new = _New(pieces=[(r, resolver.lookup(r).text) for r in refs[i:j]])
-        strings[id(ref._where)] = (ref._where, new)
+            pieces = refs[i:j]
+            new = _New(ref._where, pieces=pieces,
+                       texts=[resolver.lookup(r).text for r in pieces])
+        strings[id(ref._where)] = new
         i = j
     value = _rebuild(args, strings)
     return Resolution(value=value, referenced=set(referenced), provenance=resolver.provenance)
@@ -359,16 +366,20 @@ def _text_cost(value: Any, budget: int) -> int:
 
 @dataclass(slots=True)
 class _New:
-    """What one string becomes: a referenced value, or its text with pieces interpolated."""
+    """What one string becomes: a referenced value, or its text with pieces interpolated.
+    One object per string: a 1 MiB document holds tens of thousands of them, and every
+    object is work for the garbage collector, which holds the GIL while it walks them."""
 
+    where: _Where  # where the string sits
     value: Any = None
-    pieces: list[tuple[Reference, str]] | None = None
+    pieces: list[Reference] | None = None  # the references in the string, in order
+    texts: list[str] | None = None  # what each one interpolates (no tuple per reference)
 
     def apply(self, original: str) -> Any:
-        if self.pieces is None:
+        if self.pieces is None or self.texts is None:
             return self.value
         out, pos = [], 0
-        for ref, text in self.pieces:
+        for ref, text in zip(self.pieces, self.texts, strict=True):
             out.append(original[pos:ref.offset])
             out.append(text)
             pos = ref.offset + len(ref.raw)
@@ -376,11 +387,11 @@ class _New:
         return "".join(out)
 
 
-def _rebuild(args: Any, strings: dict[int, tuple[_Where, _New]]) -> Any:
+def _rebuild(args: Any, strings: dict[int, _New]) -> Any:
     """A copy of `args` with the strings replaced; only containers on the way are copied."""
     root = 0  # stands for the arguments themselves (where None)
     kids: dict[int, dict[str | int, _Where]] = {}  # container -> the keys to replace in it
-    for where, _ in strings.values():
+    for where in (new.where for new in strings.values()):
         node = where
         while node is not None:
             parent, key = node
@@ -396,13 +407,13 @@ def _rebuild(args: Any, strings: dict[int, tuple[_Where, _New]]) -> Any:
         for key, where in kids.get(slot, {}).items():
             child = node[key]
             if isinstance(child, str):
-                copy[key] = strings[id(where)][1].apply(child)
+                copy[key] = strings[id(where)].apply(child)
             else:
                 copy[key] = build(child, id(where))
         return copy
 
     if isinstance(args, str):
-        return strings[id(None)][1].apply(args)
+        return strings[id(None)].apply(args)
     return build(args, root)
 
 
