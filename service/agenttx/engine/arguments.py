@@ -12,9 +12,9 @@ to the worker when the references or the values they name cost more (`refs.OverB
 A thread does not make the work cheaper, it lets the loop run beside it: while the
 worker runs Python code CPython hands the GIL to a waiting thread every switch interval
 (5 ms by default), and the C-level scans in `agenttx.args` read large texts in bounded
-slices, so no single call keeps the GIL long (scripts/bench_args.py measures the longest
-stall the loop sees). One worker thread only: more would just compete with the loop for
-the GIL, never finish sooner.
+slices, so no single call keeps the GIL long (tests/integration/test_loop_free.py measures
+what a health check waits while a 1 MiB step runs). One worker thread only: more would
+just compete with the loop for the GIL, never finish sooner.
 
 Small documents, the common case, stay on the loop: a thread hop costs more than they do.
 What it must never do: change an outcome. Off the loop or not, the same value, references
@@ -36,8 +36,9 @@ __all__ = ["PARSE_INLINE_CHARS", "RESOLVE_INLINE_BUDGET", "parse_step_arguments"
 
 T = TypeVar("T")
 
-# Documents up to this many characters are parsed on the loop: the worst shapes cost a few
-# milliseconds there (scripts/bench_args.py --size 16384), far below the 50 ms rule.
+# Documents up to this many characters are parsed on the loop: the worst shapes cost at
+# most ~10 ms of CPU on a busy 2-core machine (scripts/bench_args.py --size 16384), well
+# below the 50 ms rule; nearly every step's arguments are far smaller.
 PARSE_INLINE_CHARS = 16 * 1024
 # Resolution on the loop stops after about this much work (characters of JSON text, see
 # refs.resolve): a few milliseconds at most; 256 references, or values of 64 KiB.
