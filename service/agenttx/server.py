@@ -300,10 +300,10 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     await authenticator.start()
     readiness = ReadinessProbe(store, health_servicer)
     await readiness.check()
+    _tune_garbage_collection()  # start-up is done: what exists now lives as long as we do
     await server.start()
     readiness.start()
     metrics_server = _start_metrics(settings.metrics_listen)
-    _tune_garbage_collection()
     log.info("agenttx serving", extra={"listen": settings.listen, "port": port,
                                         "auth": authenticator.mode.value,
                                         "tls": credentials is not None,
@@ -347,7 +347,10 @@ def _tune_garbage_collection() -> None:
       document's tens of thousands of objects were alive, one ran every ~70,000
       allocations, each walking them all (30-50 ms). One full collection per 100, not
       10, collections of the middle generation: none during such a step, and cycles that
-      survive the young generations are still collected, later."""
+      survive the young generations are still collected, later.
+
+    Process-wide, like the signal handlers: a test that runs `serve()` in its own process
+    keeps these settings after it returns."""
     gc.collect()
     gc.freeze()
     young, middle, _old = gc.get_threshold()
