@@ -28,7 +28,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from support.service import Agent, ServiceProcess
-from support.waiting import SLACK, slack
+from support.waiting import SLACK, eventually, slack
 
 MIB = 1024 * 1024
 BLOCK_S = 0.050  # the rule: the loop is never held longer than this
@@ -87,9 +87,7 @@ def test_health_answers_while_a_replica_resolves_a_mebibyte_of_references(
         document = json.dumps({"key": "joined", "value": "${steps.1.value}" * count})
         assert MIB - 64 < len(document) <= MIB
         with probe.running() as samples:
-            probe_started = time.monotonic()
-            while not samples and time.monotonic() - probe_started < slack(5):
-                time.sleep(0.01)  # the probe is answering before the step is sent
+            eventually(lambda: samples, slack(5), "the probe has its first answer")
             started = time.monotonic()
             output = agent.ok("kv.put", raw=document)
             ended = time.monotonic()
