@@ -59,7 +59,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
 
 def _serve(ns: argparse.Namespace) -> int:
     from . import logs
-    from .server import serve
+    from .embedded_etcd import DataDirLock, EmbeddedEtcdError
 
     try:
         settings = settings_from_args(ns)
@@ -68,8 +68,17 @@ def _serve(ns: argparse.Namespace) -> int:
         return 2
     logs.setup(settings.log_format, settings.log_level)
     try:
+        # The data dir of an embedded etcd is locked before the service's modules load, so
+        # a second `agenttx serve` on it is refused at once (docs/architecture.md).
+        lock = None if settings.endpoints() else \
+            DataDirLock(settings.data_dir, {"listen": settings.listen}).acquire()
+        from .server import serve
+
         with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
-            return runner.run(serve(settings))
+            return runner.run(serve(settings, data_dir_lock=lock))
+    except EmbeddedEtcdError as exc:  # e.g. the data dir is held by another agenttx serve
+        print(f"agenttx serve: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:  # e.g. a malformed AGENTTX_EFFECT_CHANNELS entry
         print(f"agenttx serve: invalid settings: {exc}", file=sys.stderr)
         return 2

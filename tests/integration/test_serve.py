@@ -14,6 +14,7 @@ import pytest
 
 from agenttx.embedded_etcd import free_port
 from agenttx.v1 import agenttx_pb2 as pb
+from support.processes import etcds_on
 from support.service import Agent, ServiceProcess
 
 
@@ -63,14 +64,14 @@ def test_bad_security_settings_refuse_to_start_and_leave_no_etcd_behind(tmp_path
     argv = [a.format(port=port, missing=tmp_path / "missing.json") for a in args]
     if "--listen" not in argv:
         argv += ["--listen", f"127.0.0.1:{port}"]
-    before = set(_etcd_processes())
     run = subprocess.run([sys.executable, "-m", "agenttx", "serve", "--data-dir",
                           str(tmp_path / "state"), *argv],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr[-2000:]
     assert "invalid settings" in run.stderr and message in run.stderr, run.stderr[-2000:]
     assert "Traceback" not in run.stderr
-    assert set(_etcd_processes()) <= before  # no orphaned embedded etcd
+    assert etcds_on(tmp_path / "state") == []  # no orphaned embedded etcd
+    assert not (tmp_path / "state" / "etcd" / "agenttx-0.pid").exists()
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -86,11 +87,6 @@ def test_boolean_settings_work_as_bare_flags_or_with_a_value(argv, expected):
     _add_settings_flags(parser)
     settings = settings_from_args(parser.parse_args(["--listen", "0.0.0.0:1", *argv]))
     assert settings.allow_unauthenticated is expected
-
-
-def _etcd_processes() -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,comm"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()[1:] if "etcd" in line.split()[1]]
 
 
 def _stub(address: str):

@@ -34,14 +34,28 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from ..client.cliargs import add_connection_arguments, connection_from_args
-from .bridge import CLOSE_TIMEOUT_S, Bridge, Settings, bearer_token
+
+if TYPE_CHECKING:
+    from .bridge import Bridge, Settings
 
 log = logging.getLogger(__name__)
+
+
+def __getattr__(name: str) -> Any:
+    """`Bridge` and `Settings` load the MCP SDK (about a second of imports) on first use:
+    every `agenttx` command registers its parser through this package, and none but
+    `agenttx mcp` should pay for the SDK (`agenttx serve` must refuse a busy data dir
+    within seconds)."""
+    if name in ("Bridge", "Settings"):
+        from . import bridge
+
+        return getattr(bridge, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 DEFAULT_LISTEN = "127.0.0.1:8000"
 HTTP_PATH = "/mcp"
@@ -113,6 +127,8 @@ class RequireBearer:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        from .bridge import bearer_token
+
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
         token = bearer_token(headers)
@@ -136,6 +152,8 @@ class RequireBearer:
 
 async def _serve_stdio(bridge: Bridge) -> None:
     from mcp.server.stdio import stdio_server
+
+    from .bridge import CLOSE_TIMEOUT_S
 
     server = bridge.server()
     async with anyio.create_task_group() as tg:
@@ -183,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(ns: argparse.Namespace) -> int:
     from ..cli import logs
+    from .bridge import Bridge, Settings
 
     logs.setup(ns.log_format, ns.log_level)
     try:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import failpoints
-from ..args.jsonargs import ArgumentsError, dumps, parse_arguments
-from ..args.refs import Reference, ReferenceError_, find_references, offending_step, resolve
+from ..args.jsonargs import dumps
+from ..args.refs import Reference, ReferenceError_, offending_step
 from ..cleaner import clean_error
 from ..contracts.layout import Keys
 from ..errors import FailedPrecondition, NotFound, StoreUnavailable
@@ -39,6 +39,7 @@ from ..store.ops import KeyValue
 from ..tools.base import RollbackKind, Tool, ToolError, validate_arguments
 from ..tools.registry import ToolRegistry
 from . import sandbox
+from .arguments import parse_step_arguments, resolve_step_arguments
 from .cache import DataCache, TxCache, TxState
 from .current import on_current_state
 from .history import ABORTED, Ending, HistoryEntry
@@ -82,8 +83,6 @@ log = logging.getLogger(__name__)
 # A step whose assumptions keep being invalidated by concurrent commits gives up after
 # this many attempts (each one definitive: its CAS changed nothing).
 MAX_ATTEMPTS = 8
-# Arguments larger than this are parsed off the event loop.
-PARSE_INLINE_BYTES = 64 * 1024
 
 
 def is_custom_saga(tool: Tool | None) -> bool:
@@ -172,8 +171,7 @@ class Stepper:
     async def execute(self, caller: Caller, tx_id: str, step_id: int, tool_name: str,
                       arguments_json: str, raw_context: str) -> StepOutcome:
         tool = self.tools.get(tool_name)
-        parsed, parse_error = await _parse(arguments_json)
-        references = find_references(parsed) if parsed is not None else []
+        parsed, parse_error, references = await parse_step_arguments(arguments_json)
         request = StepRequest(
             caller=caller, tx_id=tx_id, step_id=step_id, tool_name=tool_name, tool=tool,
             arguments_json=arguments_json, parsed=parsed, parse_error=parse_error,
@@ -255,7 +253,8 @@ class Stepper:
                 raise ToolError(f"function {request.tool_name}() does not exist")
             outputs = await self.loader.outputs(state, request.ref_steps)
             try:
-                resolution = resolve(request.parsed, outputs, h.live, request.references)
+                resolution = await resolve_step_arguments(request.parsed, outputs, h.live,
+                                                          request.references)
             except ReferenceError_ as exc:
                 attempt.refs = set(exc.referenced)
                 raise ToolError(exc.message, argument=exc.argument) from None
@@ -599,13 +598,3 @@ def _delta(view: StepView, known: Mapping[bytes, Touched | None],
                   locks=1 if view.lock_new is not None else 0,
                   context_bytes=context_cost(tool, raw_context))
 
-
-async def _parse(arguments_json: str) -> tuple[dict[str, Any] | None, str | None]:
-    """Parse the arguments (off the event loop when large); a parse error is a failed
-    step, not an RPC error (SPEC §1)."""
-    try:
-        if len(arguments_json) > PARSE_INLINE_BYTES:
-            return await asyncio.to_thread(parse_arguments, arguments_json), None
-        return parse_arguments(arguments_json), None
-    except ArgumentsError as exc:
-        return None, str(exc.args[0])
