@@ -35,7 +35,8 @@ from operator_kmock import (
 
 from agenttx.contracts.layout import Keys
 from agenttx.contracts.toolsets import Toolset, parse_published
-from agenttx.store.client import Store
+from agenttx.embedded_etcd import EmbeddedEtcd, free_port
+from agenttx.store.client import Store, connect
 from agenttx_operator import handlers, main, projection
 from agenttx_operator.kube import Credentials, KubeClient
 from support.mcp_upstreams import TicketTracker
@@ -353,6 +354,36 @@ async def test_a_prefix_taken_in_the_namespace_is_refused_until_the_holder_goes(
     assert await published(store, etcd_prefix, "tickets") is None
     assert await published(store, etcd_prefix, "tickets-2") is not None
     assert await published(store, etcd_prefix, "tickets", ns="team-b") is not None
+
+
+async def test_etcd_down_is_etcd_unavailable_until_it_is_back(
+    api: ApiServer, make_config, scratch, etcd_prefix: str
+) -> None:
+    port = free_port()
+    config = make_config(etcd_endpoints=[f"127.0.0.1:{port}"], etcd_timeout_s=0.3)
+    with TicketTracker() as tracker:
+        async with running_operator(config, api):
+            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url,
+                                                                      headers=False)))
+            cond = await reason(api, config, "EtcdUnavailable")
+            assert cond["message"].startswith("cannot publish to etcd (will retry): ")
+            late = EmbeddedEtcd(scratch / f"late-toolset-{port}", client_ports=[port]).start()
+            try:
+                await eventually_async(
+                    lambda: _ready(api, "Published"),
+                    slack(config.etcd_retry_max_s + 5), "Published once etcd is back")
+                late_store = connect([f"127.0.0.1:{port}"])
+                try:
+                    t = await published(late_store, etcd_prefix)
+                finally:
+                    await late_store.close()
+                assert t is not None and t.generation == 1
+            finally:
+                late.stop()
+
+
+async def _ready(api: ApiServer, reason_: str) -> dict | None:
+    return toolset_reason_is(api, "tickets", reason_)()
 
 
 # ---- changes over time --------------------------------------------------------------------

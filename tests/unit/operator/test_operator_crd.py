@@ -187,7 +187,8 @@ def test_max_local_depth_17_is_rejected_at_the_field(schema: dict[str, Any]) -> 
 TOOLSET_CRD_PATH = ROOT / "crds" / "agenttxtoolsets.agenttx.io.yaml"
 TOOLSET_EXAMPLES = sorted((ROOT / "examples" / "toolsets").glob("*.yaml"))
 TOOLSETS_VALID = [p for p in TOOLSET_EXAMPLES
-                  if yaml.safe_load(p.read_text()).get("kind") == "AgentTxToolset"]
+                  if [d.get("kind") for d in yaml.safe_load_all(p.read_text())]
+                  == ["AgentTxToolset"]]
 TOOLSETS_INVALID = sorted((ROOT / "examples" / "toolsets" / "invalid").glob("*.yaml"))
 
 
