@@ -368,10 +368,12 @@ def test_chart_crd_copies_do_not_drift_from_crds() -> None:
             f"charts/agenttx/files/crds/{name} differs from crds/: run `make chart-crds`")
 
 
-def test_make_chart_crds_copies_every_crd() -> None:
+def test_make_chart_crds_copies_every_crd_and_tilt_applies_every_crd() -> None:
     recipe = (ROOT / "Makefile").read_text().split("chart-crds:\n", 1)[1].split("\n\n")[0]
+    tiltfile = (ROOT / "Tiltfile").read_text()
     for name in CRD_FILES:
         assert f"crds/{name}" in recipe, name
+        assert f"'crds/{name}'" in tiltfile, name  # the operator needs both to start
 
 
 def test_rendered_crds_equal_the_sources_plus_release_metadata(
