@@ -374,9 +374,11 @@ async def agenttxtoolset_recheck(stopped: Any, body: kopf.Body, memo: kopf.Memo,
     only be applied when it ends)."""
     rt: Runtime = memo.runtime
     while not stopped:
-        await stopped.wait(rt.config.toolset_resync_s)
-        if stopped:
-            return
+        # A plain sleep, ended by kopf's cancellation when the toolset or the operator
+        # goes (kopf's own `await stopped.wait(n)` leaves a helper task behind that can
+        # fail the operator's shutdown). Everything below is safe to cancel: the next
+        # reconcile re-reads what it needs, etcd included.
+        await asyncio.sleep(rt.config.toolset_resync_s)
         try:
             await recheck_once(rt, body, memo)
         except Exception as exc:  # logged, tried again at the next interval

@@ -9,6 +9,7 @@ toolset's status, any event, or a log line of the operator or kopf."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 
@@ -541,3 +542,20 @@ async def test_orphan_sweep_unpublishes_a_toolset_whose_resource_is_gone(
         await kube.close()
     assert removed == [keys.toolset("team-a", "gone")]
     assert await store.get(keys.toolset("team-a", "tickets")) is not None
+
+
+# ---- startup -------------------------------------------------------------------------
+
+async def test_operator_refuses_to_start_without_the_toolset_crd(
+    api: ApiServer, make_config, caplog
+) -> None:
+    """Like without the policy CRD: the process ends (the pod restarts visibly) instead
+    of serving policies while toolsets silently go unreconciled."""
+    del api.resources[TOOLSETS]
+    config = make_config()
+    credentials = Credentials(server=str(api.url).rstrip("/"))
+    with pytest.raises(Exception) as exc:
+        await asyncio.wait_for(asyncio.to_thread(
+            asyncio.run, main.operate(config, credentials=credentials)), timeout=slack(10))
+    assert "agenttxtoolsets.agenttx.io/v1alpha1: install the CRD (crds/) first" in (
+        str(exc.value) + caplog.text)
