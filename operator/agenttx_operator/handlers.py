@@ -163,7 +163,7 @@ async def agenttx_startup(
     else:
         log.info("not publishing the service-account issuer keys (jwks_publish is off)")
     logger.info(
-        "serving AgentTxPolicies in %s; sandboxes go to %s/%s",
+        "serving AgentTxPolicies and AgentTxToolsets in %s; sandboxes and header files go to %s/%s",
         ", ".join(rt.config.namespaces) or "all namespaces",
         rt.target.service_namespace, rt.target.deployment,
     )

@@ -24,6 +24,7 @@ from support.chart import (
     container,
     env,
     find,
+    notes,
     one,
     render,
     validate,
@@ -388,6 +389,14 @@ def test_rendered_crds_equal_the_sources_plus_release_metadata(
         strip = {k: v for k, v in crd["metadata"].items() if k not in ("labels", "annotations")}
         assert strip == {k: v for k, v in source["metadata"].items() if k != "labels"}
         assert crd["spec"] == source["spec"]
+
+
+def test_notes_name_every_crd_to_install_when_the_chart_does_not(
+        chart: helm_python.Chart) -> None:
+    text = notes(chart, {"crds": {"enabled": False}})
+    for name in CRD_FILES:
+        assert f"crds/{name}" in text, name
+    assert "crds/" not in notes(chart)
 
 
 def test_crds_are_gated(chart: helm_python.Chart) -> None:
