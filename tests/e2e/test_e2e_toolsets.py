@@ -85,7 +85,7 @@ def test_example_toolsets_are_published_and_a_rollback_closes_the_ticket(
         search = step(stub, check, 1, "tickets.search_tickets", {"query": title})
         assert search.status == pb.STEP_STATUS_SUCCESS, search.clean_hint
         assert json.loads(search.output_json)["tickets"] == [
-            {"id": ticket_id, "title": title, "status": "closed"}]
+            {"id": ticket_id, "title": title, "priority": 3, "status": "closed"}]
         stub.RollbackTransaction(pb.RollbackTransactionRequest(transaction_id=check),
                                  timeout=30)
 

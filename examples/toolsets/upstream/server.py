@@ -36,11 +36,7 @@ IDEMPOTENCY_META = "io.agenttx/idempotency-key"
 class Ticket(TypedDict):
     id: str
     title: str
-    status: str
-
-
-class Closed(TypedDict):
-    id: str
+    priority: int
     status: str
 
 
@@ -48,19 +44,13 @@ class Found(TypedDict):
     tickets: list[Ticket]
 
 
-class Commented(TypedDict):
-    ticket: str
-    comment_id: str
-
-
-class Uncommented(TypedDict):
-    ticket: str
-    deleted: str
+class Comments(TypedDict):
+    id: str
+    comments: list[str]
 
 
 class Sent(TypedDict):
     message_id: str
-    to: str
 
 
 def log(server: str, tool: str, ctx: Context, **details: Any) -> None:
@@ -73,48 +63,52 @@ def log(server: str, tool: str, ctx: Context, **details: Any) -> None:
 def tracker() -> MCPServer:
     server = MCPServer("tickets", log_level="WARNING")
     tickets: dict[str, dict[str, Any]] = {}
-    ids, comment_ids = itertools.count(1), itertools.count(1)
+    ids = itertools.count(1)
 
     def find(ticket_id: str) -> dict[str, Any]:
         if ticket_id not in tickets:
-            raise ToolError(f"ticket {ticket_id} does not exist")
+            raise ToolError(f"no ticket {ticket_id}")
         return tickets[ticket_id]
 
-    @server.tool(description="Open a ticket; returns its id.")
-    def create_ticket(title: str, ctx: Context, body: str = "") -> Ticket:
-        ticket = {"id": f"T-{next(ids)}", "title": title, "body": body, "status": "open",
-                  "comments": []}
+    def public(ticket: dict[str, Any]) -> Ticket:
+        return Ticket(id=ticket["id"], title=ticket["title"], priority=ticket["priority"],
+                      status=ticket["status"])
+
+    @server.tool(description="Open a ticket in the team's tracker; returns it with its new id.")
+    def create_ticket(title: str, ctx: Context, priority: int = 3) -> Ticket:
+        ticket = {"id": f"T-{next(ids)}", "title": title, "priority": priority,
+                  "status": "open", "comments": []}
         tickets[ticket["id"]] = ticket
         log("tickets", "create_ticket", ctx, id=ticket["id"], title=title)
-        return Ticket(id=ticket["id"], title=title, status="open")
+        return public(ticket)
 
-    @server.tool(description="Close a ticket with a reason.")
-    def close_ticket(id: str, ctx: Context, reason: str = "") -> Closed:
-        find(id)["status"] = "closed"
+    @server.tool(description="Close a ticket.")
+    def close_ticket(id: str, ctx: Context, reason: str = "") -> Ticket:
+        ticket = find(id)
+        ticket["status"] = "closed"
         log("tickets", "close_ticket", ctx, id=id, reason=reason)
-        return Closed(id=id, status="closed")
+        return public(ticket)
 
-    @server.tool(description="Tickets whose title contains the query, optionally with a status.")
-    def search_tickets(ctx: Context, query: str = "", status: str = "") -> Found:
-        found = [Ticket(id=t["id"], title=t["title"], status=t["status"])
-                 for t in tickets.values()
-                 if query.lower() in t["title"].lower() and status in ("", t["status"])]
-        log("tickets", "search_tickets", ctx, query=query, status=status, found=len(found))
+    @server.tool(description="Find tickets whose title contains the query.")
+    def search_tickets(ctx: Context, query: str = "") -> Found:
+        found = [public(t) for t in tickets.values() if query in t["title"]]
+        log("tickets", "search_tickets", ctx, query=query, found=len(found))
         return Found(tickets=found)
 
-    @server.tool(description="Comment on a ticket; returns the comment id.")
-    def add_comment(id: str, text: str, ctx: Context) -> Commented:
-        comment_id = f"C-{next(comment_ids)}"
-        find(id)["comments"].append({"id": comment_id, "text": text})
-        log("tickets", "add_comment", ctx, id=id, comment_id=comment_id)
-        return Commented(ticket=id, comment_id=comment_id)
-
-    @server.tool(description="Delete a comment of a ticket.")
-    def delete_comment(id: str, comment_id: str, ctx: Context) -> Uncommented:
+    @server.tool(description="Comment on a ticket.")
+    def add_comment(id: str, text: str, ctx: Context) -> Comments:
         ticket = find(id)
-        ticket["comments"] = [c for c in ticket["comments"] if c["id"] != comment_id]
-        log("tickets", "delete_comment", ctx, id=id, comment_id=comment_id)
-        return Uncommented(ticket=id, deleted=comment_id)
+        ticket["comments"].append(text)
+        log("tickets", "add_comment", ctx, id=id, text=text)
+        return Comments(id=id, comments=list(ticket["comments"]))
+
+    @server.tool(description="Remove a comment from a ticket (absent: nothing to do).")
+    def delete_comment(id: str, text: str, ctx: Context) -> Comments:
+        comments = tickets.get(id, {}).get("comments", [])
+        if text in comments:
+            comments.remove(text)
+        log("tickets", "delete_comment", ctx, id=id, text=text)
+        return Comments(id=id, comments=list(comments))
 
     return server
 
@@ -125,9 +119,9 @@ def mailer() -> MCPServer:
 
     @server.tool(description="Send an email.")
     def send_email(to: str, subject: str, ctx: Context, body: str = "") -> Sent:
-        message_id = f"M-{next(ids)}"
+        message_id = f"<M-{next(ids)}@example-mailer>"
         log("mail", "send_email", ctx, to=to, subject=subject, message_id=message_id)
-        return Sent(message_id=message_id, to=to)
+        return Sent(message_id=message_id)
 
     return server
 

@@ -33,6 +33,7 @@ from operator_kmock import (
     toolset,
     toolset_reason_is,
 )
+from upstream_gate import Gate, gate
 
 from agenttx.contracts.layout import Keys
 from agenttx.contracts.toolsets import Toolset, parse_published
@@ -40,7 +41,7 @@ from agenttx.embedded_etcd import EmbeddedEtcd, free_port
 from agenttx.store.client import Store, connect
 from agenttx_operator import handlers, main, projection
 from agenttx_operator.kube import Credentials, KubeClient
-from support.mcp_upstreams import TicketTracker
+from support.mcp_upstreams import Upstream, tracker
 from support.waiting import eventually_async, slack
 
 pytestmark = pytest.mark.kmock(cls=ApiServer)
@@ -48,6 +49,13 @@ pytestmark = pytest.mark.kmock(cls=ApiServer)
 TOKEN = "Bearer tk-7f3c9a1e5b2d-never-leaks"
 COPY = projection.secret_name("team-a", "tickets")
 MOUNT = "/etc/agenttx/toolsets/team-a/tickets"
+
+
+def gated_tracker(required: dict[str, str] | None = None) -> tuple[Upstream, Gate]:
+    """The ticket tracker behind a gateway that records every request's headers (and,
+    with `required`, answers 401 without them)."""
+    up = tracker()
+    return up, gate(up, required)
 
 
 def tickets_spec(url: str, *, headers: bool = True, **extra: object) -> dict:
@@ -62,7 +70,7 @@ def tickets_spec(url: str, *, headers: bool = True, **extra: object) -> dict:
             {"name": "add_comment", "kind": "saga",
              "compensate": {"tool": "delete_comment",
                             "arguments": {"id": "${arguments.id}",
-                                          "comment_id": "${output.comment_id}"}}},
+                                          "text": "${arguments.text}"}}},
         ],
     }
     if headers:
@@ -132,9 +140,10 @@ async def test_toolset_with_a_secret_header_is_checked_projected_published_and_r
     caplog.set_level(logging.DEBUG)
     config = make_config()
     await put_secret(api, secret("tickets-token", {"header": TOKEN + "\n", "unused": "x"}))
-    with TicketTracker(required_headers={"Authorization": TOKEN}) as tracker:
+    up, gw = gated_tracker({"Authorization": TOKEN})
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url)))
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url)))
 
             # The header files are mounted; nothing is published before every pod has them.
             cond = await reason(api, config, "ProjectionPending")
@@ -143,7 +152,7 @@ async def test_toolset_with_a_secret_header_is_checked_projected_published_and_r
                                        "header files yet")
             assert await published(store, etcd_prefix) is None
             # The operator asked the upstream with the Secret's value (newline dropped).
-            assert any(r.get("authorization") == TOKEN for r in tracker.requests)
+            assert gw.saw("Authorization", TOKEN)
 
             roll_out(api)
             cond = await reason(api, config, "Published")
@@ -194,9 +203,10 @@ async def test_toolset_without_headers_is_published_without_touching_the_deploym
     api: ApiServer, make_config, store: Store, etcd_prefix: str
 ) -> None:
     config = make_config()
-    with TicketTracker() as tracker:
+    up, gw = gated_tracker()
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url,
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url,
                                                                       headers=False)))
             await reason(api, config, "Published")
     t = await published(store, etcd_prefix)
@@ -236,13 +246,14 @@ async def test_an_upstream_without_a_listed_tool_is_unknown_tool_naming_it(
     spec = tickets_spec("", headers=False)
     spec["tools"].append({"name": "reopen_ticket", "kind": "read"})
     spec["tools"][2]["compensate"]["tool"] = "remove_comment"
-    with TicketTracker() as tracker:
-        spec["upstream"]["url"] = tracker.url
+    up, gw = gated_tracker()
+    with up:
+        spec["upstream"]["url"] = up.url
         async with running_operator(config, api):
             await create_toolset(api, toolset("tickets", spec))
             cond = await reason(api, config, "UnknownTool")
     assert cond["message"].startswith(
-        f"{tracker.url} has no tool remove_comment, reopen_ticket (it lists add_comment, "
+        f"{up.url} has no tool remove_comment, reopen_ticket (it lists add_comment, "
         "close_ticket, create_ticket, delete_comment, search_tickets); will check again")
     assert await published(store, etcd_prefix) is None
 
@@ -252,9 +263,10 @@ async def test_a_missing_secret_is_secret_not_found_until_it_exists(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     config = make_config()
-    with TicketTracker(required_headers={"Authorization": TOKEN}) as tracker:
+    up, gw = gated_tracker({"Authorization": TOKEN})
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url)))
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url)))
             cond = await reason(api, config, "SecretNotFound")
             assert cond["message"] == "Secret team-a/tickets-token does not exist"
 
@@ -283,11 +295,12 @@ async def test_a_wrong_header_value_is_upstream_unreachable_with_the_http_status
     config = make_config()
     wrong = "Bearer tk-wrong-0d9e8c7b6a5f"
     await put_secret(api, secret("tickets-token", {"header": wrong}))
-    with TicketTracker(required_headers={"Authorization": TOKEN}) as tracker:
+    up, gw = gated_tracker({"Authorization": TOKEN})
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url)))
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url)))
             cond = await reason(api, config, "UpstreamUnreachable")
-    assert cond["message"] == (f"tools/list failed: {tracker.url} answered HTTP 401 "
+    assert cond["message"] == (f"tools/list failed: {up.url} answered HTTP 401 "
                                "Unauthorized; will retry")
     assert await published(store, etcd_prefix) is None
     assert obj(api, SECRETS, SERVICE_NS, COPY) is None  # nothing projected for it
@@ -302,26 +315,27 @@ async def test_unreachable_upstream_keeps_the_published_generation_and_retries(
     api: ApiServer, make_config, store: Store, etcd_prefix: str
 ) -> None:
     config = make_config()
-    with TicketTracker() as tracker:
+    up, gw = gated_tracker()
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url,
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url,
                                                                       headers=False)))
             await reason(api, config, "Published", generation=1)
 
-            tracker.stop()  # the upstream goes down; a new generation cannot be checked
-            spec = tickets_spec(tracker.url, headers=False)
+            up.down()  # the upstream goes down; a new generation cannot be checked
+            spec = tickets_spec(up.url, headers=False)
             spec["tools"].append({"name": "close_ticket", "kind": "read"})
             await patch_toolset(api, "tickets", {"tools": spec["tools"]})
             cond = await reason(api, config, "UpstreamUnreachable", generation=2)
             assert cond["status"] == "False"
-            assert cond["message"].startswith(f"tools/list failed: {tracker.url}: cannot connect")
+            assert cond["message"].startswith(f"tools/list failed: {up.url}: cannot connect")
             assert cond["message"].endswith("; will retry; generation 1 stays published")
             t = await published(store, etcd_prefix)
             assert t is not None and t.generation == 1 and len(t.tools) == 3
             body = got(api, TOOLSETS, "team-a", "tickets")
             assert (body["status"]["publishedGeneration"], body["status"]["tools"]) == (1, 3)
 
-            tracker.start()  # back on the same port: the retry publishes generation 2
+            up.up()  # back on the same port: the retry publishes generation 2
             await reason(api, config, "Published", generation=2)
     t = await published(store, etcd_prefix)
     assert t is not None and t.generation == 2 and len(t.tools) == 4
@@ -332,12 +346,13 @@ async def test_a_prefix_taken_in_the_namespace_is_refused_until_the_holder_goes(
     api: ApiServer, make_config, store: Store, etcd_prefix: str
 ) -> None:
     config = make_config(toolset_resync_s=0.5)
-    with TicketTracker() as tracker:
+    up, gw = gated_tracker()
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url,
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url,
                                                                       headers=False)))
             await reason(api, config, "Published")
-            await create_toolset(api, toolset("tickets-2", tickets_spec(tracker.url,
+            await create_toolset(api, toolset("tickets-2", tickets_spec(up.url,
                                                                         headers=False)))
             cond = await reason(api, config, "InvalidSpec", name="tickets-2")
             assert cond["message"] == (
@@ -346,7 +361,7 @@ async def test_a_prefix_taken_in_the_namespace_is_refused_until_the_holder_goes(
             assert await published(store, etcd_prefix, "tickets-2") is None
             # The same prefix in another namespace is no conflict.
             await create_toolset(api, toolset("tickets", tickets_spec(
-                tracker.url, headers=False), namespace="team-b"))
+                up.url, headers=False), namespace="team-b"))
             await reason(api, config, "Published", name="tickets", ns="team-b")
 
             # Once the holder is deleted, the periodic re-check accepts the other one.
@@ -362,9 +377,10 @@ async def test_etcd_down_is_etcd_unavailable_until_it_is_back(
 ) -> None:
     port = free_port()
     config = make_config(etcd_endpoints=[f"127.0.0.1:{port}"], etcd_timeout_s=0.3)
-    with TicketTracker() as tracker:
+    up, gw = gated_tracker()
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url,
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url,
                                                                       headers=False)))
             cond = await reason(api, config, "EtcdUnavailable")
             assert cond["message"].startswith("cannot publish to etcd (will retry): ")
@@ -396,16 +412,17 @@ async def test_a_rotated_secret_value_reaches_the_copy_without_a_rollout(
     config = make_config(toolset_resync_s=0.5)
     rotated = "Bearer tk-rotated-4a4b4c4d"
     await put_secret(api, secret("tickets-token", {"header": TOKEN}))
-    with TicketTracker(required_headers={"Authorization": TOKEN}) as tracker:
+    up, gw = gated_tracker({"Authorization": TOKEN})
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url)))
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url)))
             await reason(api, config, "ProjectionPending")
             roll_out(api)
             await reason(api, config, "Published")
             before = await store.get(Keys(etcd_prefix).toolset("team-a", "tickets"))
             patches = len(api.json_patches)
 
-            tracker.required_headers["Authorization"] = rotated
+            gw.required["Authorization"] = rotated
             await put_secret(api, secret("tickets-token", {"header": rotated}))
 
             async def copied() -> bool:
@@ -415,7 +432,7 @@ async def test_a_rotated_secret_value_reaches_the_copy_without_a_rollout(
             await eventually_async(copied, slack(config.toolset_resync_s + 2),
                                    "the rotated value in the operator's copy")
             await reason(api, config, "Published")
-            assert any(r.get("authorization") == rotated for r in tracker.requests)
+            assert gw.saw("Authorization", rotated)
     # Same files, same published record: nothing rolled, nothing rewritten.
     assert len(api.json_patches) == patches
     after = await store.get(Keys(etcd_prefix).toolset("team-a", "tickets"))
@@ -429,15 +446,16 @@ async def test_dropping_the_header_publishes_first_then_unmounts_and_deletes_the
 ) -> None:
     config = make_config()
     await put_secret(api, secret("tickets-token", {"header": TOKEN}))
-    with TicketTracker() as tracker:
+    up, gw = gated_tracker()
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url)))
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url)))
             await reason(api, config, "ProjectionPending")
             roll_out(api)
             await reason(api, config, "Published", generation=1)
             assert mounted_items(api) is not None
 
-            await patch_toolset(api, "tickets", {"upstream": {"url": tracker.url,
+            await patch_toolset(api, "tickets", {"upstream": {"url": up.url,
                                                               "timeoutSeconds": 2,
                                                               "headers": None}})
             await reason(api, config, "Published", generation=2)
@@ -456,16 +474,17 @@ async def test_a_second_header_keeps_the_first_file_until_the_new_generation_is_
 ) -> None:
     config = make_config()
     await put_secret(api, secret("tickets-token", {"header": TOKEN, "tenant": "team-a"}))
-    with TicketTracker() as tracker:
+    up, gw = gated_tracker()
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url)))
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url)))
             await reason(api, config, "ProjectionPending")
             roll_out(api)
             await reason(api, config, "Published", generation=1)
 
             # Generation 2 reads the tenant from another key and no longer sends the token.
             await patch_toolset(api, "tickets", {"upstream": {
-                "url": tracker.url, "timeoutSeconds": 2,
+                "url": up.url, "timeoutSeconds": 2,
                 "headers": [{"name": "X-Tenant",
                              "secretKeyRef": {"name": "tickets-token", "key": "tenant"}}]}})
             cond = await reason(api, config, "ProjectionPending", generation=2)
@@ -496,9 +515,10 @@ async def test_delete_unpublishes_unmounts_and_deletes_the_copy(
 ) -> None:
     config = make_config()
     await put_secret(api, secret("tickets-token", {"header": TOKEN}))
-    with TicketTracker() as tracker:
+    up, gw = gated_tracker()
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url)))
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url)))
             await reason(api, config, "ProjectionPending")
             roll_out(api)
             await reason(api, config, "Published")
@@ -523,9 +543,10 @@ async def test_orphan_sweep_unpublishes_a_toolset_whose_resource_is_gone(
     """A key left behind (the finalizer gave up while etcd was down) goes with the sweep;
     a live toolset's key stays."""
     config = make_config()
-    with TicketTracker() as tracker:
+    up, gw = gated_tracker()
+    with up:
         async with running_operator(config, api):
-            await create_toolset(api, toolset("tickets", tickets_spec(tracker.url,
+            await create_toolset(api, toolset("tickets", tickets_spec(up.url,
                                                                       headers=False)))
             await reason(api, config, "Published")
     keys = Keys(etcd_prefix)

@@ -86,7 +86,8 @@ async def test_a_compensation_shows_in_the_upstream_log(example_upstream) -> Non
         assert ticket is not None and ticket["status"] == "open"
         closed = await client.call_tool("close_ticket", {"id": ticket["id"],
                                                          "reason": "rolled back by AgentTx"})
-        assert closed.structured_content == {"id": ticket["id"], "status": "closed"}
+        assert closed.structured_content == {"id": ticket["id"], "title": "printer on fire",
+                                             "priority": 3, "status": "closed"}
 
     async def logged() -> bool:
         return (f"tickets close_ticket id={ticket['id']!r} reason='rolled back by AgentTx'"
