@@ -150,7 +150,7 @@ async def main() -> None:
     # `host` also decides the SDK's DNS-rebinding protection: on 0.0.0.0 (in a pod, reached
     # as tickets-upstream:8080) it is off; on 127.0.0.1 only local Host headers pass.
     tickets_app: Any = tracker().streamable_http_app(json_response=True, host=host)
-    expected = os.environ.get("TICKETS_AUTHORIZATION", "").removesuffix("\n")
+    expected = os.environ.get("TICKETS_AUTHORIZATION", "").rstrip("\r\n")
     if expected:
         tickets_app = RequireAuthorization(tickets_app, expected)
     servers = [

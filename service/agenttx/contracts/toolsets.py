@@ -390,9 +390,9 @@ def resolve_compensation(arguments: Any, *, call_arguments: Mapping[str, Any],
 
 
 def header_value(raw: bytes, where: str = "header value") -> str:
-    """A header's value as read from its file (a projected Secret key): UTF-8, with one
-    trailing newline dropped (`echo` and most editors add one). Both the operator (for
-    its tools/list) and the service (for every call) read header files this way.
+    """A header's value as read from its file (a projected Secret key): UTF-8, with the
+    trailing line breaks dropped (`echo` and most editors add one). Both the operator
+    (for its tools/list) and the service (for every call) read header files this way.
 
     Raises ToolsetError when it cannot be sent as an HTTP field value (RFC 9110: no
     control characters but tab); the message never quotes the value, which is a secret.
@@ -401,10 +401,7 @@ def header_value(raw: bytes, where: str = "header value") -> str:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ToolsetError(f"{where} is not UTF-8 text") from None
-    if text.endswith("\r\n"):
-        text = text[:-2]
-    elif text.endswith("\n"):
-        text = text[:-1]
+    text = text.rstrip("\r\n")
     bad = [c for c in text if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F]
     if bad:
         raise ToolsetError(f"{where} contains a control character (e.g. a line break inside "
