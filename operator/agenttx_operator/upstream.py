@@ -23,8 +23,11 @@ from agenttx.contracts.toolsets import Upstream
 # A server that pages forever must not keep a handler busy (the SDK's own relist cap).
 MAX_PAGES = 100
 # tools/list takes up to three requests (discovery or initialize, the list, a session
-# close); each may take the toolset's timeout.
+# close); each may take the toolset's timeout, the whole listing at most LISTING_MAX_S:
+# a toolset's timeout is for its slowest tool call (up to 300 s), while a listing that
+# takes a minute is broken, and a reconcile holds its toolset's lock meanwhile.
 REQUESTS_PER_LISTING = 3
+LISTING_MAX_S = 60.0
 
 
 class UpstreamUnreachable(Exception):
@@ -34,7 +37,8 @@ class UpstreamUnreachable(Exception):
 
 async def list_tools(upstream: Upstream, headers: Mapping[str, str]) -> set[str]:
     """The names of every tool the upstream offers (all pages)."""
-    timeout = upstream.timeout_s
+    timeout = min(upstream.timeout_s, LISTING_MAX_S)
+    total = min(timeout * REQUESTS_PER_LISTING, LISTING_MAX_S)
     refused: list[httpx2.Response] = []
 
     async def record(response: httpx2.Response) -> None:
@@ -43,7 +47,7 @@ async def list_tools(upstream: Upstream, headers: Mapping[str, str]) -> set[str]
             refused.append(response)
 
     try:
-        async with asyncio.timeout(timeout * REQUESTS_PER_LISTING), httpx2.AsyncClient(
+        async with asyncio.timeout(total), httpx2.AsyncClient(
                 headers=dict(headers), timeout=timeout, follow_redirects=False,
                 event_hooks={"response": [record]}) as http:
             transport = streamable_http_client(upstream.url, http_client=http)
@@ -62,8 +66,8 @@ async def list_tools(upstream: Upstream, headers: Mapping[str, str]) -> set[str]
         raise
     except TimeoutError:
         raise UpstreamUnreachable(
-            f"{upstream.url} did not answer tools/list within "
-            f"{timeout * REQUESTS_PER_LISTING:g}s (timeoutSeconds {timeout:g})") from None
+            f"{upstream.url} did not answer tools/list within {total:g}s (timeoutSeconds "
+            f"{upstream.timeout_s:g})") from None
     except Exception as exc:  # any failure of the exchange: reported, retried by the caller
         if refused:
             last = refused[-1]
