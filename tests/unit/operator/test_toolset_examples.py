@@ -15,6 +15,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples" / "toolsets"
+NAMESPACE = "team-a"  # what the examples and docs/kubernetes.md apply them to
 
 
 def docs(name: str) -> list[dict[str, Any]]:
@@ -48,7 +49,9 @@ def test_toolsets_point_at_the_upstream_service_and_the_secret_key() -> None:
     for name, port in (("tickets.yaml", ports["tickets"]), ("mail.yaml", ports["mail"])):
         (toolset,) = docs(name)
         url = urllib.parse.urlsplit(toolset["spec"]["upstream"]["url"])
-        assert (url.hostname, url.port, url.path) == (service["metadata"]["name"], port, "/mcp")
+        # Namespace-qualified: the operator and the service resolve it from their own.
+        assert (url.hostname, url.port, url.path) == (
+            f"{service['metadata']['name']}.{NAMESPACE}.svc", port, "/mcp")
     (header,) = docs("tickets.yaml")[0]["spec"]["upstream"]["headers"]
     assert header["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "header"}
     assert "header" in secret["stringData"]
