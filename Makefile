@@ -45,9 +45,9 @@ bench-outcomes: venv
 e2e: venv
 	AGENTTX_E2E=1 .venv/bin/python -m pytest -q tests/e2e
 
-# Copy the CRD source into the chart (a test fails when the two differ).
+# Copy the CRD sources into the chart (a test fails when they differ).
 chart-crds:
-	cp crds/agenttxpolicies.agenttx.io.yaml charts/agenttx/files/crds/
+	cp crds/agenttxpolicies.agenttx.io.yaml crds/agenttxtoolsets.agenttx.io.yaml charts/agenttx/files/crds/
 
 clean:
 	rm -rf .venv .agenttx .pytest_cache .ruff_cache .mypy_cache

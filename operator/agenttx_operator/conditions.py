@@ -58,10 +58,11 @@ def find_condition(status: Any, kind: str) -> dict[str, Any] | None:
     return None
 
 
-def _condition(
+def condition(
     old: Mapping[str, Any] | None, kind: str, ok: bool, reason: str, message: str,
     generation: int, now: str,
 ) -> dict[str, Any]:
+    """One condition; `lastTransitionTime` moves only when its status flips."""
     cond_status = "True" if ok else "False"
     transition = now
     if old and old.get("status") == cond_status and old.get("lastTransitionTime"):
@@ -103,9 +104,9 @@ def build_status(
         if old_claim is not None:
             conditions.append(old_claim)
     elif claim_sync is not None:
-        conditions.append(_condition(old_claim, CONDITION_CLAIM_SYNCED, claim_sync.synced,
+        conditions.append(condition(old_claim, CONDITION_CLAIM_SYNCED, claim_sync.synced,
                                      claim_sync.reason, claim_sync.message, generation, now))
-    conditions.append(_condition(find_condition(old_status, CONDITION_READY), CONDITION_READY,
+    conditions.append(condition(find_condition(old_status, CONDITION_READY), CONDITION_READY,
                                  reason == REASON_PUBLISHED, reason, message, generation, now))
     status: dict[str, Any] = {"observedGeneration": generation, "conditions": conditions}
     status["sandboxClaim"] = sandbox_claim or ""

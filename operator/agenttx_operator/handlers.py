@@ -1,5 +1,7 @@
 """kopf handlers for AgentTxPolicy: thin wiring over the pure modules (`policy_spec`,
-`sandboxes`, `mounts`, `conditions`, `lifecycle`), `kube` and `publishing`.
+`sandboxes`, `mounts`, `conditions`, `lifecycle`), `kube` and `publishing`; and what
+the operator runs once (login, startup, cleanup, the orphan sweep of policies and
+toolsets). AgentTxToolset's handlers are in `toolset_handlers`.
 
 Each handler fetches what it needs, asks the pure modules what to do, does it, then writes
 the status (through kopf's `patch`, applied even when the handler raises) before it
@@ -14,7 +16,7 @@ Ordering, so a transaction never sees a sandbox path that is not there:
 
 Operator-wide background tasks (started at startup, cancelled at cleanup; kopf would
 cancel them as "hung" at exit anyway, so they only ever stop by cancellation):
-  orphan sweep:         every `sweep_interval_s`, see below.
+  orphan sweep:         every `sweep_interval_s`, see below (toolsets' keys too).
   issuer keys:          every `jwks_refresh_s` (`jwks_publish`), read the API server's
                         service-account issuer discovery and keys with the operator's
                         own credentials and publish them for the service (SPEC §9).
@@ -161,7 +163,7 @@ async def agenttx_startup(
     else:
         log.info("not publishing the service-account issuer keys (jwks_publish is off)")
     logger.info(
-        "serving AgentTxPolicies in %s; sandboxes go to %s/%s",
+        "serving AgentTxPolicies and AgentTxToolsets in %s; sandboxes and header files go to %s/%s",
         ", ".join(rt.config.namespaces) or "all namespaces",
         rt.target.service_namespace, rt.target.deployment,
     )
@@ -186,12 +188,23 @@ async def sweep_once(rt: Runtime) -> list[bytes]:
     return await publishing.sweep_orphans(rt.store, rt.keys, published, existing, namespaces)
 
 
+async def sweep_toolsets_once(rt: Runtime) -> list[bytes]:
+    """Unpublish the keys of toolsets that no longer exist (same order as `sweep_once`:
+    etcd is read before the toolsets are listed)."""
+    namespaces = rt.config.namespaces or None
+    published = await publishing.read_published_toolsets(rt.store, rt.keys)
+    existing = await rt.kube.list_toolsets(namespaces)
+    return await publishing.sweep_orphaned_toolsets(rt.store, rt.keys, published, existing,
+                                                    namespaces)
+
+
 async def _sweep_forever(rt: Runtime) -> None:
     while True:
-        try:
-            await sweep_once(rt)
-        except (StoreError, KubeError, OSError) as exc:
-            log.warning("orphan sweep skipped: %s", exc)
+        for sweep in (sweep_once, sweep_toolsets_once):
+            try:
+                await sweep(rt)
+            except (StoreError, KubeError, OSError) as exc:
+                log.warning("orphan sweep skipped: %s", exc)
         await asyncio.sleep(rt.config.sweep_interval_s)
 
 

@@ -67,3 +67,22 @@ def orphaned_keys(
 def retry_delay(retry: int, base: float, cap: float) -> float:
     """Exponential backoff for kopf.TemporaryError: base * 2**retry, at most cap."""
     return float(min(cap, base * (2 ** max(0, min(retry, 30)))))
+
+
+def orphaned_toolset_keys(
+    published: Mapping[bytes, int],
+    existing: Iterable[tuple[str, str]],
+    keys: Keys,
+    namespaces: Iterable[str] | None = None,
+) -> dict[bytes, int]:
+    """Published toolset keys (key -> mod_revision) whose AgentTxToolset no longer exists.
+
+    Only keys under the watched namespaces' toolset prefixes are considered (all of
+    `keys.toolsets_prefix()` when `namespaces` is None), so operators watching other
+    namespaces of a shared prefix are safe. The caller reads etcd first and deletes with
+    a compare on the mod_revision (see `orphaned_keys`)."""
+    alive = {keys.toolset(ns, n) for ns, n in existing}
+    scopes = ([keys.toolsets_prefix()] if namespaces is None
+              else [keys.toolset(ns, "") for ns in namespaces])
+    return {key: rev for key, rev in published.items()
+            if key not in alive and any(key.startswith(scope) for scope in scopes)}

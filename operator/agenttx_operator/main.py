@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from agenttx.store.client import connect
 
-from . import handlers
+from . import handlers, toolset_handlers  # noqa: F401  (registers the toolset handlers)
 from .config import OperatorConfig
 from .kube import Credentials, KubeClient, load_credentials
 from .sandboxes import Target

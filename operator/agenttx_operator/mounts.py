@@ -1,9 +1,10 @@
-"""The service Deployment: the JSON patch that mounts or unmounts one policy's sandbox,
-and whether the rollout that carries the mount is complete.
+"""The service Deployment: the JSON patch that mounts or unmounts one volume (a policy's
+sandbox, a toolset's header files), and whether the rollout that carries it is complete.
 
 Why a module of its own: the Deployment belongs to the chart and holds other policies'
-sandboxes too, so the operator touches only its own entries, guarded by `test` ops; and a
-sandbox must not be published before every pod that could take a transaction has it.
+sandboxes and toolsets' files too, so the operator touches only its own entries, guarded
+by `test` ops; and nothing that needs a volume may be published before every pod that
+could take a transaction has it.
 
 What it must never do: perform I/O or mutate its arguments.
 """
@@ -29,16 +30,34 @@ def deployment_patch(
     *,
     mounted: bool,
 ) -> list[dict[str, Any]] | None:
-    """The RFC 6902 JSON patch that mounts (or unmounts) one policy's sandbox.
+    """The RFC 6902 JSON patch that mounts (or unmounts) one policy's sandbox; see
+    `volume_patch`."""
+    vname = volume_name(namespace, name)
+    want_volume = {"name": vname, "persistentVolumeClaim": {"claimName": claim_name(namespace, name)}}
+    want_mount = {"name": vname, "mountPath": sandbox_path(namespace, name, target.mount_root)}
+    return volume_patch(deployment, target, vname,
+                        want_volume if mounted else None, want_mount if mounted else None)
+
+
+def volume_patch(
+    deployment: Mapping[str, Any],
+    target: Target,
+    vname: str,
+    want_volume: dict[str, Any] | None,
+    want_mount: dict[str, Any] | None,
+) -> list[dict[str, Any]] | None:
+    """The RFC 6902 JSON patch that makes the pod volume `vname` and the service
+    container's mount of it equal `want_volume` / `want_mount` (None: absent).
 
     Only what differs is touched: other volumes and mounts, including other policies'
-    sandboxes and the chart's own, are left as they are. Every index the patch relies
-    on is guarded by a `test` op, so a Deployment changed since it was read makes the
-    patch fail (and the handler retry) rather than remove the wrong entry. Returns None
-    when the Deployment is already as wanted. Raises ContainerNotFound when mounting
-    into a Deployment without the configured container (unmounting then only removes
-    the volume).
+    sandboxes, other toolsets' files and the chart's own, are left as they are. Every
+    index the patch relies on is guarded by a `test` op, so a Deployment changed since it
+    was read makes the patch fail (and the handler retry) rather than remove the wrong
+    entry. Returns None when the Deployment is already as wanted. Raises
+    ContainerNotFound when mounting into a Deployment without the configured container
+    (unmounting then only removes the volume).
     """
+    mounted = want_mount is not None
     pod = deployment.get("spec", {}).get("template", {}).get("spec", {})
     containers = pod.get("containers") or []
     ci = next((i for i, c in enumerate(containers) if c.get("name") == target.container), None)
@@ -47,16 +66,13 @@ def deployment_patch(
             f"Deployment {target.service_namespace}/{target.deployment} has no container "
             f"named {target.container!r}"
         )
-    vname = volume_name(namespace, name)
-    want_volume = {"name": vname, "persistentVolumeClaim": {"claimName": claim_name(namespace, name)}}
-    want_mount = {"name": vname, "mountPath": sandbox_path(namespace, name, target.mount_root)}
 
     volumes_path = "/spec/template/spec/volumes"
     ops: list[dict[str, Any]] = []
     if ci is not None:
         mounts_path = f"/spec/template/spec/containers/{ci}/volumeMounts"
         ops += _list_entry_ops(
-            containers[ci].get("volumeMounts"), mounts_path, vname, want_mount if mounted else None
+            containers[ci].get("volumeMounts"), mounts_path, vname, want_mount
         )
         if ops:
             # The container index is only meaningful while that container keeps its name.
@@ -64,7 +80,7 @@ def deployment_patch(
                            "value": target.container})
     # Mounts go before the volume they name, so removing both never leaves a dangling
     # mount (the API server validates the result of the whole patch anyway).
-    ops += _list_entry_ops(pod.get("volumes"), volumes_path, vname, want_volume if mounted else None)
+    ops += _list_entry_ops(pod.get("volumes"), volumes_path, vname, want_volume)
     return ops or None
 
 
@@ -128,25 +144,32 @@ def volume_ready(
             f"claim {claim} is {phase}; check that its StorageClass can provision the "
             "requested access modes (kubectl describe pvc)"
         )
+    return rollout_complete(deployment, "the sandbox mount")
+
+
+def rollout_complete(deployment: Mapping[str, Any] | None, what: str) -> tuple[bool, str]:
+    """Whether the service Deployment has completely rolled out its current pod
+    template, which carries `what` (e.g. "the sandbox mount"); (done, why-not). See
+    `volume_ready` for what complete means."""
     if deployment is None:
         return False, "the service Deployment does not exist"
     generation = deployment.get("metadata", {}).get("generation", 0)
     status = deployment.get("status") or {}
     desired = deployment.get("spec", {}).get("replicas", 1)
     if status.get("observedGeneration", 0) < generation:
-        return False, "the service Deployment has not observed the sandbox mount yet"
+        return False, f"the service Deployment has not observed {what} yet"
     updated = status.get("updatedReplicas", 0)
     total = status.get("replicas", 0)
     available = status.get("availableReplicas", 0)
     if updated < desired:
         progress = f"{updated}/{desired} pods updated"
     elif total > updated:
-        progress = f"{total - updated} old pod(s) without the sandbox mount still running"
+        progress = f"{total - updated} old pod(s) without {what} still running"
     elif available < updated:
         progress = f"{available}/{updated} updated pods available"
     else:
         return True, ""
-    why = f"the service Deployment is rolling out the sandbox mount ({progress})"
+    why = f"the service Deployment is rolling out {what} ({progress})"
     for cond in status.get("conditions") or []:
         if (isinstance(cond, Mapping) and cond.get("type") == "Progressing"
                 and cond.get("reason") == "ProgressDeadlineExceeded"):

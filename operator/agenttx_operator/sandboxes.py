@@ -11,13 +11,13 @@ idempotent: feeding its own output back in yields "nothing to do".
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .conditions import REASON_CLAIM_DRIFT, REASON_IN_SYNC, REASON_RESIZE_REFUSED, ClaimSync
+from .naming import dns_name, identity_hash
 
 # How a real API server refuses a claim resize: 403 from the PersistentVolumeClaimResize
 # admission plugin (a static PV, a StorageClass without allowVolumeExpansion), 422 from
@@ -66,29 +66,17 @@ def sandbox_path(namespace: str, name: str, mount_root: str = DEFAULT_MOUNT_ROOT
 # ---- names -------------------------------------------------------------------------
 
 def _policy_hash(namespace: str, name: str) -> str:
-    return hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()
-
-
-def _dns_name(prefix: str, namespace: str, name: str, max_len: int) -> str:
-    """`<prefix>-<ns>-<name>-<hash8>`, DNS-1123 safe and at most `max_len` characters.
-
-    The hash keeps names unique where the readable part is ambiguous ("a-b"/"c" vs
-    "a"/"b-c") or truncated.
-    """
-    digest = _policy_hash(namespace, name)[:8]
-    readable = re.sub(r"[^a-z0-9-]", "-", f"{prefix}-{namespace}-{name}".lower())
-    readable = readable[: max_len - len(digest) - 1].strip("-")
-    return f"{readable}-{digest}"
+    return identity_hash(namespace, name)
 
 
 def claim_name(namespace: str, name: str) -> str:
     """The sandbox PVC's name in the service namespace (a DNS subdomain, <= 253)."""
-    return _dns_name("sandbox", namespace, name, 253)
+    return dns_name("sandbox", namespace, name, 253)
 
 
 def volume_name(namespace: str, name: str) -> str:
     """The pod volume's name (a DNS-1123 label, <= 63)."""
-    return _dns_name("sbx", namespace, name, 63)
+    return dns_name("sbx", namespace, name, 63)
 
 
 # ---- the sandbox claim -------------------------------------------------------------

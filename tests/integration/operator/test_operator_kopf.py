@@ -40,6 +40,7 @@ from agenttx.embedded_etcd import EmbeddedEtcd, free_port
 from agenttx.store.client import Store
 from agenttx_operator import conditions, handlers, main, policy_spec, sandboxes
 from agenttx_operator.kube import Credentials, KubeClient
+from support.waiting import eventually_async, slack
 
 pytestmark = pytest.mark.kmock(cls=ApiServer)
 
@@ -51,11 +52,15 @@ async def test_create_publishes_policy_with_generation_and_reports_ready(
 ) -> None:
     config = make_config()
     async with running_operator(config, api):
-        # Liveness endpoint is up while kopf runs.
-        async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{config.liveness_port}/healthz"
-        ) as resp:
-            assert resp.status == 200
+        # Liveness endpoint is up while kopf runs (kopf reports ready after its startup
+        # handlers, and starts serving /healthz beside them: wait for it).
+        async def healthz() -> bool:
+            async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{config.liveness_port}/healthz"
+            ) as resp:
+                return resp.status == 200
+        assert await eventually_async(healthz, slack(2), "the liveness endpoint answers 200",
+                                      retry_on=(aiohttp.ClientError,))
 
         await create(api, policy("billing", {
             "priority": 10, "selector": {"agentIdPrefix": "billing-"},
