@@ -40,6 +40,16 @@ class TxnResult:
         return found[0] if found else None
 
 
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change seen by a watch: the key, its new value (None: deleted) and the
+    revision it happened at."""
+
+    key: bytes
+    value: bytes | None
+    revision: int
+
+
 # ---- typed operations ----------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
