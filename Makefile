@@ -1,6 +1,6 @@
 # AgentTx developer targets. `make serve` and `make test` are the README's two set-up
 # commands; both create .venv on first use (scripts/bootstrap.sh).
-.PHONY: venv serve test unit integration lint proto proto-check bench bench-outcomes e2e chart-crds clean
+.PHONY: venv serve test unit integration lint proto proto-check config-docs bench bench-outcomes e2e chart-crds clean
 
 venv:
 	@scripts/bootstrap.sh
@@ -10,6 +10,7 @@ serve: venv
 
 test: venv
 	.venv/bin/python scripts/gen_proto.py --check
+	.venv/bin/python scripts/gen_config_docs.py --check
 	.venv/bin/ruff check .
 	.venv/bin/mypy client/agenttx service/agenttx operator/agenttx_operator bench/agenttx_bench
 	.venv/bin/lint-imports --no-cache
@@ -31,6 +32,10 @@ proto: venv
 
 proto-check: venv
 	.venv/bin/python scripts/gen_proto.py --check
+
+# docs/configuration.md from the settings models (`make test` fails when it is stale).
+config-docs: venv
+	.venv/bin/python scripts/gen_config_docs.py
 
 bench: venv
 	.venv/bin/agenttx bench

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from . import failpoints
 from .api.servicer import AgentTxServicer, add_to_server
 from .auth import Authenticator, RateLimiter, check_listen_allowed, server_credentials_from_settings
 from .config import Settings
@@ -114,6 +115,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
     """Run one replica until SIGTERM/SIGINT (or until `stop` is set, when given: how a
     test runs a replica in its own event loop)."""
     check_listen_allowed(settings.listen, settings.auth, settings.allow_unauthenticated)
+    failpoints.arm(settings.failpoints)
     tracing.setup()  # off unless the OTEL_* environment configures an exporter
     embedded: EmbeddedEtcd | None = None
     endpoints = settings.endpoints()
