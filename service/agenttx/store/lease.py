@@ -143,10 +143,13 @@ class LeaseKeeper:
         while True:
             if self._lease_id is None:
                 try:
-                    await self.acquire()
+                    held = await self.acquire()
+                    why = "its keys were not attached"
                 except StoreError as exc:
-                    log.warning("cannot grant a lease; retrying",
-                                extra={"lease_of": self.what, "error": str(exc),
+                    held, why = False, str(exc)
+                if not held:
+                    log.warning("cannot take a lease; retrying",
+                                extra={"lease_of": self.what, "error": why,
                                        "retry_in_s": self._retry_s})
                     await asyncio.sleep(self._retry_s)
                     continue
