@@ -23,10 +23,12 @@ from agenttx.store.watch import BACKOFF_MAX_S, Watch
 from support.waiting import eventually_async, slack
 
 
-class View:
-    """What a consumer of the watch holds: key -> value, plus every event it was handed."""
+class View(Watch):
+    """A consumer of the watch: key -> value, plus every event it was handed."""
 
-    def __init__(self, poison: bytes | None = None) -> None:
+    def __init__(self, store: Store, key: bytes, *, prefix: bool,
+                 poison: bytes | None = None) -> None:
+        super().__init__(store, key, prefix=prefix, what="test")
         self.values: dict[bytes, bytes] = {}
         self.snapshots = 0
         self.events: list[WatchEvent] = []
@@ -74,11 +76,9 @@ async def test_watch_loads_then_follows_puts_and_deletes_under_its_prefix(store,
     prefix = f"{etcd_prefix}/watched/".encode()
     await store.put(prefix + b"a", b"1")
     await store.put(f"{etcd_prefix}/elsewhere".encode(), b"x")
-    view = View()
-    watch = Watch(store, prefix, prefix=True, what="test", on_snapshot=view.on_snapshot,
-                  on_event=view.on_event)
+    watch = View(store, prefix, prefix=True)
     await watch.load()
-    assert view.values == {prefix + b"a": b"1"}
+    assert watch.values == {prefix + b"a": b"1"}
     watch.start()
     try:
         rev_b = await store.put(prefix + b"b", b"2")
@@ -89,10 +89,10 @@ async def test_watch_loads_then_follows_puts_and_deletes_under_its_prefix(store,
         async def caught_up() -> bool:
             return watch.revision >= rev_last
         await eventually_async(caught_up, slack(2), "the watch to reach the last write")
-        assert view.values == {prefix + b"b": b"3"}
-        assert [(e.key, e.value) for e in view.events] == [
+        assert watch.values == {prefix + b"b": b"3"}
+        assert [(e.key, e.value) for e in watch.events] == [
             (prefix + b"b", b"2"), (prefix + b"a", None), (prefix + b"b", b"3")]
-        assert view.events[0].revision == rev_b and view.snapshots == 1
+        assert watch.events[0].revision == rev_b and watch.snapshots == 1
     finally:
         await watch.stop()
 
@@ -101,16 +101,14 @@ async def test_watch_loads_then_follows_puts_and_deletes_under_its_prefix(store,
 async def test_watch_comes_back_after_etcd_restarts_and_sees_what_changed(own_etcd):
     store = connect(own_etcd.endpoints, timeout=2.0)
     prefix = b"/agenttx-watch/policies/"
-    view = View()
-    watch = Watch(store, prefix, prefix=True, what="test", on_snapshot=view.on_snapshot,
-                  on_event=view.on_event)
+    watch = View(store, prefix, prefix=True)
     try:
         await store.put(prefix + b"kept", b"1")
         await store.put(prefix + b"gone", b"1")
         await watch.load()
         watch.start()
         await asyncio.to_thread(own_etcd.restart, 0)  # SIGKILL, then the same data dir
-        assert view.values == {prefix + b"kept": b"1", prefix + b"gone": b"1"}  # kept meanwhile
+        assert watch.values == {prefix + b"kept": b"1", prefix + b"gone": b"1"}  # kept meanwhile
 
         writer = connect(own_etcd.endpoints, timeout=2.0)
         try:
@@ -120,7 +118,7 @@ async def test_watch_comes_back_after_etcd_restarts_and_sees_what_changed(own_et
             await writer.close()
 
         async def followed() -> bool:
-            return view.values == {prefix + b"kept": b"1", prefix + b"new": b"2"}
+            return watch.values == {prefix + b"kept": b"1", prefix + b"new": b"2"}
         # Its reconnect backs off at most BACKOFF_MAX_S between tries.
         await eventually_async(followed, slack(BACKOFF_MAX_S), "the view to follow after the restart")
         assert watch.ready.is_set()
@@ -133,9 +131,7 @@ async def test_watch_comes_back_after_etcd_restarts_and_sees_what_changed(own_et
 async def test_a_failing_consumer_never_leaves_a_watch_stream_open_in_etcd(own_etcd):
     store = connect(own_etcd.endpoints, timeout=2.0)
     key = b"/agenttx-watch/auth/jwks"
-    view = View(poison=b"poison")
-    watch = Watch(store, key, prefix=False, what="test", on_snapshot=view.on_snapshot,
-                  on_event=view.on_event)
+    watch = View(store, key, prefix=False, poison=b"poison")
     try:
         await watch.load()
         watch.start()
@@ -147,16 +143,16 @@ async def test_a_failing_consumer_never_leaves_a_watch_stream_open_in_etcd(own_e
         # Each poison event fails the consumer: the loop drops that stream, reloads (the
         # snapshot takes any value) and watches again. Three failures, one watcher.
         for i in range(3):
-            before = view.snapshots
+            before = watch.snapshots
             await store.put(key, b"poison")
 
             async def reloaded(before: int = before) -> bool:
-                return view.snapshots > before
+                return watch.snapshots > before
             await eventually_async(reloaded, slack(2), f"reload after failure {i + 1}")
         rev = await store.put(key, b"good")
 
         async def recovered() -> bool:
-            return watch.revision >= rev and view.values == {key: b"good"}
+            return watch.revision >= rev and watch.values == {key: b"good"}
         await eventually_async(recovered, slack(2), "the watch to carry on after the failures")
         assert await watchers(own_etcd) == 1
         await watch.stop()

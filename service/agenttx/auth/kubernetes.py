@@ -17,7 +17,6 @@ keys, so every token is refused. Never logs a token.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -205,7 +204,7 @@ def _valid_part(value: Any) -> bool:
     return isinstance(value, str) and bool(value) and ":" not in value
 
 
-class JwksCache:
+class JwksCache(Watch):
     """The published service-account keys, kept current by watching `<prefix>/auth/jwks`
     (the store's one watch loop, `agenttx.store.watch.Watch`).
 
@@ -215,29 +214,17 @@ class JwksCache:
     """
 
     def __init__(self, store: Store, keys: Keys) -> None:
-        self.key = keys.auth_jwks()
+        super().__init__(store, keys.auth_jwks(), prefix=False, what="auth")
         self.current: JwksSnapshot | None = None
-        self._watch = Watch(store, self.key, prefix=False, what="auth",
-                            on_snapshot=self._on_snapshot, on_event=self._on_event)
-
-    @property
-    def revision(self) -> int:
-        """The etcd revision the keys in force are current as of."""
-        return self._watch.revision
-
-    @property
-    def ready(self) -> asyncio.Event:
-        """Set once the first load succeeded."""
-        return self._watch.ready
 
     def snapshot(self) -> JwksSnapshot | None:
         return self.current
 
-    def _on_snapshot(self, kvs: Sequence[KeyValue], revision: int) -> None:
+    def on_snapshot(self, kvs: Sequence[KeyValue], revision: int) -> None:
         kv = kvs[0] if kvs else None
         self._apply(kv.value if kv else None, kv.mod_revision if kv else revision)
 
-    def _on_event(self, event: WatchEvent) -> None:
+    def on_event(self, event: WatchEvent) -> None:
         self._apply(event.value, event.revision)
 
     def _apply(self, value: bytes | None, revision: int) -> None:
@@ -260,13 +247,3 @@ class JwksCache:
         log.info("service-account keys loaded",
                  extra={"issuer": snapshot.issuer, "kids": sorted(str(k) for k in snapshot.keys),
                         "revision": revision})
-
-    async def load(self) -> None:
-        """Read the keys now (one round trip); raises StoreError when etcd cannot."""
-        await self._watch.load()
-
-    def start(self) -> None:
-        self._watch.start()
-
-    async def stop(self) -> None:
-        await self._watch.stop()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..tasks import BackgroundTasks
 from .client import Store
@@ -40,34 +40,36 @@ CANCEL_TIMEOUT_S = 2.0
 
 
 class Watch:
-    """Follows `key` (or every key under it, with `prefix=True`) for a consumer.
+    """A view of `key` (or of every key under it, with `prefix=True`) kept current.
 
-    `on_snapshot(kvs, revision)` receives the whole current state after every (re)load;
-    `on_event(event)` each change after it. Both run in the watch task and must not
-    block. `ready` is set after the first successful load and stays set: the consumer's
-    view is the last good one, even while the watch is being re-established.
+    Subclasses are the views: `on_snapshot(kvs, revision)` receives the whole current
+    state after every (re)load, `on_event(event)` each change after it. Both run in the
+    watch task and must not block. `ready` is set after the first successful load and
+    stays set: the view is the last good one, even while the watch is re-established.
     """
 
-    def __init__(self, store: Store, key: bytes, *, prefix: bool, what: str,
-                 on_snapshot: Callable[[Sequence[KeyValue], int], None],
-                 on_event: Callable[[WatchEvent], None]) -> None:
+    def __init__(self, store: Store, key: bytes, *, prefix: bool, what: str) -> None:
         self._store = store
         self.key = key
         self.prefix = prefix
         self.what = what
-        self._on_snapshot = on_snapshot
-        self._on_event = on_event
         self.revision = 0  # the last revision handed over (load or event)
         self.ready = asyncio.Event()
         self._need_load = True
         self._tasks = BackgroundTasks(f"watch {what}")
+
+    def on_snapshot(self, kvs: Sequence[KeyValue], revision: int) -> None:
+        raise NotImplementedError
+
+    def on_event(self, event: WatchEvent) -> None:
+        raise NotImplementedError
 
     async def load(self) -> None:
         """Read the current state (one round trip) and hand it to `on_snapshot`.
         Raises StoreError / StoreUnavailable when etcd cannot be read."""
         op = op_get_prefix(self.key) if self.prefix else op_get(self.key)
         res = await self._store.read([op], what=f"{self.what} load")
-        self._on_snapshot(res.kvs(0), res.revision)
+        self.on_snapshot(res.kvs(0), res.revision)
         self.revision = res.revision
         self._need_load = False
         self.ready.set()
@@ -113,7 +115,7 @@ class Watch:
                                          what=f"{self.what} watch")
         try:
             async for event in stream:
-                self._on_event(event)
+                self.on_event(event)
                 self.revision = max(self.revision, event.revision)
         finally:
             with contextlib.suppress(Exception):

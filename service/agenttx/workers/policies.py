@@ -8,7 +8,6 @@ A malformed published policy is logged and ignored, never fatal.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,33 +29,22 @@ from ..store.watch import Watch
 log = logging.getLogger(__name__)
 
 
-class PolicyCache:
+class PolicyCache(Watch):
     def __init__(self, store: Store, keys: Keys, defaults: RollbackSettings,
                  default_idle_timeout_s: int, service_namespace: str = "") -> None:
+        super().__init__(store, keys.policies_prefix(), prefix=True, what="policy")
         self.keys = keys
         self.defaults = defaults
         self.default_idle_timeout_s = default_idle_timeout_s
         self.service_namespace = service_namespace
         self.policies: dict[bytes, PublishedPolicy] = {}
-        self._watch = Watch(store, keys.policies_prefix(), prefix=True, what="policy",
-                            on_snapshot=self._on_snapshot, on_event=self._on_event)
 
-    @property
-    def revision(self) -> int:
-        """The etcd revision the policies in force are current as of."""
-        return self._watch.revision
-
-    @property
-    def ready(self) -> asyncio.Event:
-        """Set once the first load succeeded."""
-        return self._watch.ready
-
-    def _on_snapshot(self, kvs: Sequence[KeyValue], revision: int) -> None:
+    def on_snapshot(self, kvs: Sequence[KeyValue], revision: int) -> None:
         self.policies.clear()
         for kv in kvs:
             self._apply(kv.key, kv.value)
 
-    def _on_event(self, event: WatchEvent) -> None:
+    def on_event(self, event: WatchEvent) -> None:
         self._apply(event.key, event.value)
 
     def _apply(self, key: bytes, value: bytes | None) -> None:
@@ -72,11 +60,6 @@ class PolicyCache:
             self.policies.pop(key, None)
             log.error("ignoring malformed policy", extra={"key": key.decode(), "error": str(exc)})
 
-    async def load(self) -> None:
-        """Read every published policy now (one round trip); raises StoreError when etcd
-        cannot be read."""
-        await self._watch.load()
-
     def in_scope(self, caller: Caller) -> list[PublishedPolicy]:
         """SPEC §9 policy scope: with authentication on, a principal gets the policies
         (and sandboxes) of its own namespace plus the service namespace's, never another
@@ -90,12 +73,6 @@ class PolicyCache:
 
     def sandbox_roots(self) -> list[str]:
         return [p.sandbox_path for p in self.policies.values() if p.sandbox_path]
-
-    def start(self) -> None:
-        self._watch.start()
-
-    async def stop(self) -> None:
-        await self._watch.stop()
 
     def resolve(self, agent_id: str, metadata: Mapping[str, str],
                 overrides: dict[str, Any], caller: Caller = ANONYMOUS) -> EffectivePolicy:
