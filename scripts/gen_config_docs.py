@@ -45,13 +45,13 @@ environment variable joins the levels with `__`. In the Helm chart, `charts/agen
 sets these through `values.yaml` (docs/kubernetes.md).
 """
 
-SECTIONS: tuple[tuple[str, type[BaseSettings], str, str], ...] = (
-    ("`agenttx serve`", Settings, "AGENTTX_",
+SECTIONS: tuple[tuple[str, type[BaseSettings], str], ...] = (
+    ("`agenttx serve`", Settings,
      "One service replica (docs/architecture.md). With no `--etcd-endpoints` it starts an "
      "embedded etcd under `--data-dir` (development only). The default rollback policy "
      "(`--default-policy.*`) applies to transactions no AgentTxPolicy selects and no "
      "request overrides (docs/recovery.md)."),
-    ("`agenttx operator`", OperatorConfig, "AGENTTX_OPERATOR_",
+    ("`agenttx operator`", OperatorConfig,
      "The Kubernetes operator (docs/kubernetes.md): publishes AgentTxPolicies into the "
      "etcd the service watches and manages their sandboxes."),
 )
@@ -110,9 +110,10 @@ def _cell(text: str) -> str:
     return text.replace("<", "&lt;").replace(">", "&gt;")
 
 
-def section(title: str, model: type[BaseSettings], env_prefix: str, intro: str) -> str:
+def section(title: str, model: type[BaseSettings], intro: str) -> str:
     parser = argparse.ArgumentParser()
-    settings_flags(model, parser, env_prefix)
+    settings_flags(model, parser)
+    env_prefix = str(model.model_config.get("env_prefix", ""))
     rows = ["| flag | environment | default | range | description |", "|---|---|---|---|---|"]
     for action in parser._actions:
         if not action.option_strings or action.help == argparse.SUPPRESS or action.dest == "help":

@@ -28,8 +28,8 @@ S = TypeVar("S", bound=BaseSettings)
 _METAVARS = {"{str,None}": "str", "{str,null}": "str", "dict[str,Any]": "JSON",
              "list[str]": "str,..."}
 
-def settings_flags(model: type[S], parser: argparse.ArgumentParser,
-                   env_prefix: str) -> CliSettingsSource[S]:
+
+def settings_flags(model: type[S], parser: argparse.ArgumentParser) -> CliSettingsSource[S]:
     """Add a flag for every field of `model` to `parser` (pydantic-settings' CLI, with
     the house's conventions below) and return the source that reads them back.
 
@@ -39,6 +39,7 @@ def settings_flags(model: type[S], parser: argparse.ArgumentParser,
       or `--default-policy-max-local-depth` (the one `agenttx serve` always accepted).
     * Each help line names the environment variable that sets the same field.
     """
+    env_prefix = str(model.model_config.get("env_prefix", ""))
 
     def add_argument(group: Any, *names: str, **kwargs: Any) -> Any:
         help_text = kwargs.get("help")
@@ -60,7 +61,7 @@ def settings_flags(model: type[S], parser: argparse.ArgumentParser,
 
 def serve_flags(parser: argparse.ArgumentParser) -> CliSettingsSource[Settings]:
     """`agenttx serve`'s flags, one per `Settings` field."""
-    return settings_flags(Settings, parser, "AGENTTX_")
+    return settings_flags(Settings, parser)
 
 
 def settings_from_args(source: CliSettingsSource[Settings], ns: argparse.Namespace) -> Settings:
@@ -123,7 +124,7 @@ def register_operator(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "operator", help="run the Kubernetes operator",
         description="Run the AgentTx operator (AgentTxPolicy and AgentTxToolset resources).")
-    source = settings_flags(OperatorConfig, parser, "AGENTTX_OPERATOR_")
+    source = settings_flags(OperatorConfig, parser)
 
     def run(ns: argparse.Namespace) -> int:
         from agenttx_operator.main import run_config

@@ -86,6 +86,6 @@ def test_help_names_each_flags_environment_twin() -> None:
     assert "[env AGENTTX_ETCD_ENDPOINTS]" in text
     assert "[env AGENTTX_DEFAULT_POLICY__REPLAY_BUDGET_FACTOR]" in text
     op = argparse.ArgumentParser()
-    settings_flags(OperatorConfig, op, "AGENTTX_OPERATOR_")
+    settings_flags(OperatorConfig, op)
     assert "[env AGENTTX_OPERATOR_ETCD_ENDPOINTS]" in " ".join(op.format_help().split())
     assert "==SUPPRESS==" not in text
