@@ -26,6 +26,7 @@ from .auth import Authenticator, RateLimiter, check_listen_allowed, server_crede
 from .config import Settings
 from .contracts.layout import Keys
 from .effects.channels import ChannelRegistry
+from .effects.deadletters import DeadLetters
 from .effects.outbox import Dispatcher
 from .embedded_etcd import EmbeddedEtcd
 from .engine.engine import Engine
@@ -186,8 +187,9 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
         ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
         ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ])
+    dead_letters = DeadLetters(store, keys, engine.committer.retention.lease_id)
     add_to_server(AgentTxServicer(engine, authenticator, RateLimiter(settings.max_requests_per_s),
-                                  settings.admins()), server)
+                                  settings.admins(), dead_letters=dead_letters), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     _add_reflection(server)
@@ -226,6 +228,7 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(settings.grace_period_s)
     await background.stop()
+    await channels.aclose()  # the webhook channels' pooled connections
     await policies.stop()
     await presence.stop()
     await authenticator.stop()
