@@ -1,7 +1,8 @@
 """`agenttx operator` settings: flags or env (`AGENTTX_OPERATOR_<FIELD>`), flags win.
 
-Why pydantic-settings: the service's settings work the same way (SPEC §7), so the Helm
-chart configures both processes with plain env vars, and every field is documented once.
+Why pydantic-settings: the service's settings work the same way, so the Helm chart
+configures both processes with plain env vars, and every field is documented once
+(docs/configuration.md is generated from these descriptions).
 Lists (`etcd_endpoints`, `namespaces`) are comma-separated in env and flags alike.
 """
 
@@ -113,7 +114,7 @@ class OperatorConfig(BaseSettings):
         True,
         description="Publish the cluster's service-account issuer and keys (from the API "
         "server's /.well-known/openid-configuration and /openid/v1/jwks) to "
-        "<prefix>/auth/jwks, for the service's `--auth kubernetes` (SPEC §9).",
+        "<prefix>/auth/jwks, for the service's `--auth kubernetes` (docs/security.md).",
     )
     jwks_refresh_s: float = Field(
         300.0, gt=0,

@@ -38,7 +38,6 @@ server other than through `publishing` and `kube`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ import kopf
 from agenttx.contracts.layout import Keys
 from agenttx.errors import StoreError
 from agenttx.store.client import Store
+from agenttx.tasks import BackgroundTasks
 
 from . import conditions, jwks, lifecycle, mounts, policy_spec, publishing, sandboxes
 from .config import OperatorConfig
@@ -77,7 +77,8 @@ class Runtime:
     store: Store
     kube: KubeClient
     keys: Keys = field(init=False, repr=False)
-    background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
+    background: BackgroundTasks = field(
+        default_factory=lambda: BackgroundTasks("operator"), repr=False)
 
     def __post_init__(self) -> None:
         self.keys = operator_keys(self.config)
@@ -155,11 +156,9 @@ async def agenttx_startup(
             f"the API server does not serve {policy_spec.PLURAL}.{policy_spec.GROUP}/"
             f"{policy_spec.VERSION}: install the CRD (crds/) first"
         )
-    rt.background.append(
-        asyncio.create_task(_sweep_forever(rt), name="agenttx-orphan-sweep"))
+    rt.background.start(_sweep_forever(rt), name="agenttx-orphan-sweep")
     if rt.config.jwks_publish:
-        rt.background.append(
-            asyncio.create_task(_jwks_forever(rt), name="agenttx-jwks-refresh"))
+        rt.background.start(_jwks_forever(rt), name="agenttx-jwks-refresh")
     else:
         log.info("not publishing the service-account issuer keys (jwks_publish is off)")
     logger.info(
@@ -172,12 +171,7 @@ async def agenttx_startup(
 @kopf.on.cleanup()
 async def agenttx_cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
-    tasks, rt.background = rt.background, []
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await rt.background.stop()
 
 
 async def sweep_once(rt: Runtime) -> list[bytes]:

@@ -50,15 +50,14 @@ def orphaned_keys(
     The caller reads etcd before listing the policies and deletes each orphan with a
     compare on its mod_revision, so a policy published in between is never removed.
     """
-    base = keys.policies_prefix()
     alive = {keys.policy(ns, n) for ns, n in existing}
     watched = None if namespaces is None else set(namespaces)
     orphans: dict[bytes, int] = {}
     for key, rev in published.items():
-        if not key.startswith(base) or key in alive:
+        ref = keys.policy_of(key)
+        if ref is None or key in alive:
             continue
-        ns = key[len(base):].split(b"/", 1)[0].decode("utf-8", "replace")
-        if watched is not None and ns not in watched:
+        if watched is not None and ref[0] not in watched:
             continue
         orphans[key] = rev
     return orphans

@@ -1,8 +1,10 @@
 """Settings for `agenttx serve` (pydantic-settings; env prefix AGENTTX_, same names as flags).
 
-Every field is documented because `agenttx serve --help` and docs/configuration.md are
-generated from these descriptions. Nested settings use `__`:
-AGENTTX_DEFAULT_POLICY__MAX_LOCAL_DEPTH=2.
+Every field is documented because `agenttx serve --help` and docs/configuration.md
+(scripts/gen_config_docs.py) are generated from these descriptions; the flags come from
+this model through pydantic-settings' CLI (agenttx.commands). Nested settings use `__` in
+the environment and `.` (or `-`) in flags: AGENTTX_DEFAULT_POLICY__MAX_LOCAL_DEPTH=2 is
+`--default-policy.max-local-depth 2`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from . import failpoints
 from .contracts.policy import DEPTH_MAX, DEPTH_MIN, FACTOR_MAX, FACTOR_MIN
 
 
 class DefaultPolicy(BaseModel):
-    """Server-wide rollback defaults (SPEC §5), overridden by AgentTxPolicy and requests."""
+    """Server-wide rollback defaults (docs/recovery.md), overridden by AgentTxPolicy and requests."""
 
     max_local_depth: int = Field(3, ge=DEPTH_MIN, le=DEPTH_MAX,
                                  description="retries of a failing step before escalating")
@@ -38,7 +41,8 @@ class DefaultPolicy(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTTX_", env_nested_delimiter="__",
-                                      extra="ignore")
+                                      extra="ignore", cli_kebab_case=True,
+                                      cli_prog_name="agenttx serve", cli_avoid_json=True)
 
     listen: str = Field("127.0.0.1:50051", description="gRPC listen address host:port")
     etcd_endpoints: str = Field(
@@ -84,11 +88,13 @@ class Settings(BaseSettings):
     grace_period_s: float = Field(20.0, ge=0, description="SIGTERM: time to drain in-flight RPCs")
     log_format: str = Field("json", description="json or text")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
-    failpoints: str = Field("", description="test-only crash points, e.g. fs.write.after_intent=crash")
+    failpoints: str = Field("", description="fault-injection tests only: crash or pause at "
+                            "named points, e.g. fs.write.after_intent=crash "
+                            "(agenttx/failpoints.py lists them); empty = none")
     event_loop: str = Field("uvloop", description="asyncio event loop: uvloop (default, "
                             "when installed) or asyncio")
 
-    # ---- security (SPEC §9) -----------------------------------------------------------
+    # ---- security (docs/security.md) -----------------------------------------------------
     tls_cert_file: str | None = Field(None, description="serve TLS with this certificate "
                                       "chain (PEM); re-read when it changes")
     tls_key_file: str | None = Field(None, description="private key (PEM) of --tls-cert-file")
@@ -121,9 +127,15 @@ class Settings(BaseSettings):
                                      "kept after it ends; an open transaction's is kept "
                                      "while it is open")
 
-    # ---- observability (SPEC §10) ---------------------------------------------------------
+    # ---- observability (docs/operations.md) ----------------------------------------------
     metrics_listen: str = Field("", description="host:port for Prometheus /metrics "
                                 "(empty = off)")
+
+    @field_validator("failpoints")
+    @classmethod
+    def _failpoints_parse(cls, v: str) -> str:
+        failpoints.parse(v)  # a typo fails at start-up, not silently at the point
+        return v
 
     @field_validator("effect_channels", mode="before")
     @classmethod

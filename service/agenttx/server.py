@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from . import failpoints
 from .api.servicer import AgentTxServicer, add_to_server
 from .auth import Authenticator, RateLimiter, check_listen_allowed, server_credentials_from_settings
 from .config import Settings
@@ -38,6 +39,8 @@ from .engine.policy import RollbackSettings
 from .observability import tracing
 from .observability.metrics import METRICS
 from .store.client import Store, connect
+from .store.lease import LeaseKeeper
+from .tasks import BackgroundTasks
 from .tools.registry import ToolRegistry
 from .workers.policies import PolicyCache
 from .workers.reaper import Reaper
@@ -68,7 +71,7 @@ class ReadinessProbe:
         self.store, self.health = store, health
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.serving: bool | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = BackgroundTasks("readiness")
         self._failures = 0
 
     async def _set(self, serving: bool) -> None:
@@ -100,57 +103,22 @@ class ReadinessProbe:
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="readiness")
+        self._tasks.start(self._loop(), name="readiness")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await self._tasks.stop()
 
 
-class ReplicaPresence:
-    """`<prefix>/replicas/<id>` on a lease, refreshed in the background."""
+def replica_presence(store: Store, keys: Keys, replica_id: str, ttl_s: int = 10) -> LeaseKeeper:
+    """`<prefix>/replicas/<id>` on a lease kept alive (and re-granted after an outage):
+    how other replicas tell a crashed owner of an in-flight step from a slow one."""
+    key = keys.replica(replica_id)
 
-    def __init__(self, store: Store, keys: Keys, replica_id: str, ttl_s: int = 10) -> None:
-        self.store, self.keys, self.replica_id = store, keys, replica_id
-        self.ttl_s = ttl_s
-        self._task: asyncio.Task[None] | None = None
-        self.lease_id = 0
+    async def attach(lease_id: int) -> bool:
+        await store.put(key, b"alive", lease=lease_id, what="replica presence")
+        return True
 
-    async def _register(self) -> None:
-        lease = await self.store.client.lease(self.ttl_s)
-        self.lease_id = lease.id
-        await self.store.put(self.keys.replica(self.replica_id), b"alive", lease=lease.id,
-                             what="replica presence")
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                if not self.lease_id:
-                    await self._register()
-                await asyncio.sleep(self.ttl_s / 3)
-                resp = await self.store.client.refresh_lease(self.lease_id)
-                if getattr(resp, "TTL", 1) <= 0:
-                    self.lease_id = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("replica lease refresh failed", extra={"error": str(exc)})
-                self.lease_id = 0
-                await asyncio.sleep(1.0)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="replica-presence")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        if self.lease_id:
-            with contextlib.suppress(Exception):
-                await self.store.client.revoke_lease(self.lease_id)
+    return LeaseKeeper(store, ttl_s, what="replica presence", attach=attach, regrant=True)
 
 
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
@@ -167,6 +135,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
     dir is held by another service, an etcd left behind cannot be stopped, or it does
     not start)."""
     check_listen_allowed(settings.listen, settings.auth, settings.allow_unauthenticated)
+    failpoints.arm(settings.failpoints)
     tracing.setup()  # off unless the OTEL_* environment configures an exporter
     stop = stop if stop is not None else asyncio.Event()
     data_dir = pathlib.Path(settings.data_dir)
@@ -268,10 +237,10 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
                     history_retention_s=settings.history_retention_s)
     METRICS.zero_initialise(engine.tools.names(), channels.names())
 
-    presence = ReplicaPresence(store, keys, replica_id, settings.replica_ttl_s)
+    presence = replica_presence(store, keys, replica_id, settings.replica_ttl_s)
     try:
         await policies.load()
-        await presence._register()
+        await presence.acquire()
     except Exception as exc:
         log.warning("etcd not reachable at start-up; serving and retrying in the background",
                     extra={"error": str(exc)})
@@ -281,12 +250,11 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
                     ttl_s=settings.leader_ttl_s,
                     fs_roots=lambda: [fs_root, *policies.sandbox_roots()],
                     temp_sweep_s=settings.temp_sweep_s, temp_min_age_s=settings.temp_min_age_s)
-    background = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
-                  asyncio.create_task(reaper.run(), name="reaper"),
-                  asyncio.create_task(engine.committer.retention.keep_fresh(),
-                                      name="retention-lease"),
-                  asyncio.create_task(engine.history_lease.keep_fresh(),
-                                      name="history-lease")]
+    background = BackgroundTasks("replica")
+    background.start(dispatcher.run(), name="dispatcher")
+    background.start(reaper.run(), name="reaper")
+    background.start(engine.committer.retention.keep_fresh(), name="retention-lease")
+    background.start(engine.history_lease.keep_fresh(), name="history-lease")
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
@@ -323,11 +291,7 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(settings.grace_period_s)
-    for task in background:
-        task.cancel()
-    for task in background:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    await background.stop()
     await channels.aclose()  # the webhook channels' pooled connections
     await policies.stop()
     await presence.stop()

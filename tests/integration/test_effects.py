@@ -245,7 +245,7 @@ async def test_revoked_dispatcher_stops_acting_and_the_other_takes_over(
         await wait_until(lambda: a.is_leader, 3, "a to lead")
         stale_fence = a.lease.fence()
         async with running(b):
-            await store.client.revoke_lease(a.lease.lease_id)
+            await store.revoke_lease(a.lease.lease_id)
             # The ex-holder's fence is dead in etcd at once, whatever a believes locally.
             probe = f"{etcd_prefix}/probe".encode()
             assert not (await store.txn(stale_fence, [op_put(probe, b"x")])).succeeded

@@ -97,6 +97,10 @@ class Keys:
     def open_prefix(self, principal: str) -> bytes:
         return self._k("open", _q(principal or "-"), "")
 
+    def slot_of(self, principal: str, key: bytes) -> int:
+        """The slot number of one of `principal`'s `open_slot` keys."""
+        return int(_tail(self.open_prefix(principal), key))
+
     def steps_prefix(self, tx_id: str) -> bytes:
         return self._k("tx", tx_id, "step", "")
 
@@ -108,6 +112,10 @@ class Keys:
 
     def context(self, tx_id: str, step_id: int) -> bytes:
         return self._k("tx", tx_id, "ctx", f"{step_id:010d}")
+
+    def step_of_context(self, tx_id: str, key: bytes) -> int:
+        """The step id of one of the transaction's `context` keys."""
+        return int(_tail(self.context_prefix(tx_id), key))
 
     def touched_prefix(self, tx_id: str) -> bytes:
         return self._k("tx", tx_id, "key", "")
@@ -122,7 +130,7 @@ class Keys:
         return self._k("tx", tx_id, "key", _q(text))
 
     def data_key_of_touched(self, tx_id: str, touched_key: bytes) -> bytes:
-        rel = unquote(touched_key[len(self.touched_prefix(tx_id)):].decode())
+        rel = unquote(_tail(self.touched_prefix(tx_id), touched_key).decode())
         return rel.encode() if rel.startswith("fs:") else self._k(rel)
 
     def effects_prefix(self, tx_id: str) -> bytes:
@@ -130,6 +138,10 @@ class Keys:
 
     def effect(self, tx_id: str, step_id: int, index: int) -> bytes:
         return self._k("tx", tx_id, "fx", f"{step_id:010d}", f"{index:04d}")
+
+    def step_of_effect(self, tx_id: str, key: bytes) -> int:
+        """The step id that staged one of the transaction's `effect` keys."""
+        return int(_tail(self.effects_prefix(tx_id), key).split(b"/", 1)[0])
 
     # history (GetTransactionHistory)
     def history_end(self, tx_id: str) -> bytes:
@@ -211,11 +223,19 @@ class Keys:
     def policy(self, namespace: str, name: str) -> bytes:
         return self._k("policies", namespace, name)
 
+    def policy_of(self, key: bytes) -> tuple[str, str] | None:
+        """(namespace, name) of a key under `policies_prefix`; None for any other key."""
+        return _namespaced(self.policies_prefix(), key)
+
     def toolsets_prefix(self) -> bytes:
         return self._k("toolsets", "")
 
     def toolset(self, namespace: str, name: str) -> bytes:
         return self._k("toolsets", namespace, name)
+
+    def toolset_of(self, key: bytes) -> tuple[str, str] | None:
+        """(namespace, name) of a key under `toolsets_prefix`; None for any other key."""
+        return _namespaced(self.toolsets_prefix(), key)
 
     def auth_jwks(self) -> bytes:
         return self._k("auth", "jwks")
@@ -227,6 +247,23 @@ class Keys:
         return self._k("leader", role)
 
 
+def _tail(prefix: bytes, key: bytes) -> bytes:
+    """What follows `prefix` in `key`; ValueError when `key` is not under it."""
+    if not key.startswith(prefix):
+        raise ValueError(f"{key!r} is not under {prefix!r}")
+    return key[len(prefix):]
+
+
+def _namespaced(prefix: bytes, key: bytes) -> tuple[str, str] | None:
+    """`<prefix><ns>/<name>` as (ns, name), name being whatever follows the namespace
+    (a key written by hand may have no name, or more segments); None when `key` is not
+    under `prefix`."""
+    if not key.startswith(prefix):
+        return None
+    namespace, _, name = key[len(prefix):].decode("utf-8", "replace").partition("/")
+    return namespace, name
+
+
 def fs_id(rel_path: str) -> bytes:
     """The pseudo data key of a sandbox file (relative to its resolved root): fs.write
     keeps one touched entry per file, for provenance and its lock."""
@@ -234,7 +271,7 @@ def fs_id(rel_path: str) -> bytes:
 
 
 def tx_id_from_header_key(keys: Keys, key: bytes) -> str:
-    return unquote(key[len(keys.headers_prefix()):].decode())
+    return unquote(_tail(keys.headers_prefix(), key).decode())
 
 
 def describe_data_key(keys: Keys, key: bytes) -> str:

@@ -189,7 +189,7 @@ class Engine:
         async for page in self.store.pages(prefix, what="begin"):
             for kv in page:
                 count += 1
-                used.add(int(kv.key[len(prefix):]))
+                used.add(self.keys.slot_of(principal, kv.key))
         if count >= limit:
             raise self._exhausted()
         free = [s for s in range(limit) if s not in used]
@@ -287,7 +287,7 @@ class Engine:
             h = await self._settled_header(tx_id, h, kv.mod_revision)
         context = []
         for item in res.kvs(1):
-            step = int(item.key[len(ctx):])
+            step = keys.step_of_context(tx_id, item.key)
             if step in h.live:
                 tool, raw = decode_context(item.value)
                 context.append(ContextItem(step, tool, raw))

@@ -186,10 +186,9 @@ class Loader:
 
     def _effects(self, tx_id: str, kvs: Iterable[KeyValue]
                  ) -> dict[int, tuple[StagedEffect, ...]]:
-        prefix = self.keys.effects_prefix(tx_id)
         by_step: dict[int, list[StagedEffect]] = {}
         for kv in kvs:
-            step = int(kv.key[len(prefix):].split(b"/", 1)[0])
+            step = self.keys.step_of_effect(tx_id, kv.key)
             by_step.setdefault(step, []).append(decode_effect(kv.value))
         return {s: tuple(v) for s, v in by_step.items()}
 

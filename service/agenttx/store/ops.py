@@ -40,6 +40,16 @@ class TxnResult:
         return found[0] if found else None
 
 
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change seen by a watch: the key, its new value (None: deleted) and the
+    revision it happened at."""
+
+    key: bytes
+    value: bytes | None
+    revision: int
+
+
 # ---- typed operations ----------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -167,4 +177,5 @@ class KeyValueStore(Protocol):
 
     async def grant_lease(self, ttl_s: int, what: str = "lease") -> tuple[int, int]: ...
 
-    async def refresh_lease(self, lease_id: int, what: str = "lease") -> int: ...
+    async def refresh_lease(self, lease_id: int, *, timeout: float | None = None,
+                            what: str = "lease") -> int: ...
