@@ -8,6 +8,7 @@
                                       observed revision (the read set) + buffered write
     <prefix>/tx/<id>/fx/<n:010d>/<i>  effects staged by live step n
     <prefix>/tx/<id>/meta             BeginTransaction.metadata (audit)
+    <prefix>/tx/<id>/intent           a toolset saga call in flight (docs/toolsets.md)
     <prefix>/touch/<id>               last read-only activity (GetTransaction), for the reaper
     <prefix>/open/<principal>/<slot>  one of the principal's --max-open-transactions slots
     <prefix>/data/kv/<key>            committed kv values
@@ -69,6 +70,11 @@ class Keys:
 
     def tx_meta(self, tx_id: str) -> bytes:
         return self._k("tx", tx_id, "meta")
+
+    def saga_intent(self, tx_id: str) -> bytes:
+        """What a toolset saga call in flight is doing (arguments, idempotency key,
+        compensation), valid while the header's `SagaPending` names its step."""
+        return self._k("tx", tx_id, "intent")
 
     def tx_touch(self, tx_id: str) -> bytes:
         return self._k("touch", tx_id)
@@ -173,6 +179,10 @@ class Keys:
 
     def toolset(self, namespace: str, name: str) -> bytes:
         return self._k("toolsets", namespace, name)
+
+    def toolset_of(self, key: bytes) -> str:
+        """`<ns>/<name>` of a key under `toolsets_prefix()` (the toolset's identity)."""
+        return key[len(self.toolsets_prefix()):].decode(errors="replace")
 
     def auth_jwks(self) -> bytes:
         return self._k("auth", "jwks")

@@ -100,6 +100,26 @@ class FsPending:
 
 
 @dataclass(frozen=True, slots=True)
+class SagaPending:
+    """A toolset saga call that may have reached its upstream before its step was
+    recorded (docs/toolsets.md, "Crash windows"). Set by one CAS before the call (the
+    call's arguments, idempotency key and compensation are in `tx/<id>/intent`, so the
+    header keeps its constant size), cleared by the step's own CAS. A replica that finds
+    it set once `owner` is gone (or `until` passed) cannot know whether the upstream
+    acted: it compensates from the arguments, or holds the transaction for a manual
+    rollback when the compensation needs the call's output."""
+
+    step_id: int
+    attempt: str
+    owner: str
+    since: float
+    until: float                    # the call cannot still be running after this
+    # a RollbackTransaction was told that this call needs a person (its compensation
+    # needs the call's output); the next one releases it
+    reported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class UndoIntent:
     """A rollback in progress: durable before any file or saga is undone, so a replica
     that dies half-way leaves a plan any replica resumes (undo actions are idempotent).
@@ -134,6 +154,7 @@ class TxHeader:
     quota_slot: int = -1            # <prefix>/open/<principal>/<slot>, -1: none
     fs_pending: FsPending | None = None
     undoing: UndoIntent | None = None
+    saga_pending: SagaPending | None = None
 
     @property
     def live(self) -> range:
@@ -253,6 +274,9 @@ def encode_header(h: TxHeader) -> bytes:
         u = h.undoing
         doc["un"] = [list(u.steps), u.owner, u.since, u.end, u.automatic, u.next_step_id,
                      u.global_resets, u.replay_used]
+    if h.saga_pending is not None:
+        g = h.saga_pending
+        doc["sp"] = [g.step_id, g.attempt, g.owner, g.since, g.until, g.reported]
     return to_json(doc)
 
 
@@ -261,6 +285,7 @@ def decode_header(raw: bytes) -> TxHeader:
     po = d["po"]
     fp = d.get("fp")
     un = d.get("un")
+    sp = d.get("sp")
     return TxHeader(
         id=d["id"], principal=d["pr"], agent_id=d["ag"], status=d["st"],
         policy=TxPolicy(int(po[0]), int(po[1]), float(po[2]), int(po[3]), po[4], po[5]),
@@ -270,6 +295,7 @@ def decode_header(raw: bytes) -> TxHeader:
         fs_pending=FsPending(fp[0], fp[1], fp[2], fp[3], fp[4]) if fp else None,
         undoing=UndoIntent(tuple(un[0]), un[1], un[2], un[3], un[4], un[5], un[6], un[7])
         if un else None,
+        saga_pending=SagaPending(sp[0], sp[1], sp[2], sp[3], sp[4], sp[5]) if sp else None,
     )
 
 

@@ -13,7 +13,10 @@ planner (pure) picks the strategy, and undo.Undoer carries it out.
 
 Custom saga tools change the world inside `execute`, before the CAS, so they never run
 on an assumption: their state is read fresh, and a step whose record does not land is
-compensated (SPEC §3).
+compensated (SPEC §3). Toolset saga tools (docs/toolsets.md) instead record a durable
+intent before their call (`_write_intent`, one CAS that also validates the cached
+state), so a call whose step is not recorded is settled from that intent by whichever
+replica finds it (undo.Undoer.settle_saga), never compensated twice.
 """
 
 from __future__ import annotations
@@ -36,13 +39,20 @@ from ..observability import tracing
 from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.ops import KeyValue
-from ..tools.base import RollbackKind, Tool, ToolError, validate_arguments
-from ..tools.registry import ToolRegistry
+from ..tools.base import OutcomeUnknown, RollbackKind, Tool, ToolError, validate_arguments
+from ..tools.registry import Scope, ToolRegistry
 from . import sandbox
 from .cache import DataCache, TxCache, TxState
 from .limits import Limits, add_constraint, check_step, context_cost
 from .model import Caller, StepOutcome
-from .ops import StepChanges, is_data_key, observation_entries, step_entries, step_plan
+from .ops import (
+    StepChanges,
+    intent_plan,
+    is_data_key,
+    observation_entries,
+    step_entries,
+    step_plan,
+)
 from .planner import (
     FailureFacts,
     PolicyLimits,
@@ -58,12 +68,14 @@ from .state import (
     AWAITING_ROLLBACK,
     Budget,
     FsPending,
+    SagaPending,
     StepRecord,
     Touched,
     TxHeader,
     UndoImage,
     decode_header,
     decode_step,
+    to_json,
 )
 from .undo import Stale, Target, Undoer
 from .view import StepView
@@ -80,6 +92,11 @@ PARSE_INLINE_BYTES = 64 * 1024
 def is_custom_saga(tool: Tool | None) -> bool:
     """SAGA tools other than fs.write (whose undo the engine does itself from its record)."""
     return tool is not None and tool.rollback is RollbackKind.SAGA and tool.name != "fs.write"
+
+
+def has_intent(tool: Tool | None) -> bool:
+    """SAGA tools that record a durable intent before acting (toolset sagas)."""
+    return is_custom_saga(tool) and bool(getattr(tool, "durable_intent", False))
 
 
 def require_owner(state: TxState, caller: Caller) -> None:
@@ -105,6 +122,8 @@ class _Attempt:
     refs: set[int]
     provenance: dict[str, int]
     result: Any = None
+    # the tool names this caller may use (an unknown tool's hint suggests among them)
+    known_tools: Callable[[], list[str]] = list
 
 
 class Stepper:
@@ -118,11 +137,13 @@ class Stepper:
 
     async def execute(self, caller: Caller, tx_id: str, step_id: int, tool_name: str,
                       arguments_json: str, raw_context: str) -> StepOutcome:
-        tool = self.tools.get(tool_name)
+        scope = Scope(caller.authenticated, caller.namespace)
+        tool = self.tools.lookup(tool_name, scope)
         parsed, parse_error = await _parse(arguments_json)
         references = find_references(parsed) if parsed is not None else []
         ref_steps = {r.step for r in references if r.step is not None}
-        fresh = is_custom_saga(tool)
+        # an intent's CAS validates the cached state before anything is called
+        fresh = is_custom_saga(tool) and not has_intent(tool)
         note(tx=tx_id, step=step_id, tool=tool_name)
         async with self.txs.locked(tx_id):
             use_cache = not fresh
@@ -149,7 +170,8 @@ class Stepper:
                     with tracing.tool_span(tool_name, tx_id, step_id):
                         return await self._run(state, step_id, tool_name, tool, parsed,
                                                parse_error, references, ref_steps,
-                                               raw_context, fresh)
+                                               raw_context, fresh,
+                                               lambda: self.tools.names_in(scope))
                 except Stale as stale:
                     current = stale.header
                     if current is not None and (current.next_step_id != step_id
@@ -184,13 +206,19 @@ class Stepper:
     async def _run(self, state: TxState, step_id: int, tool_name: str, tool: Tool | None,
                    parsed: dict[str, Any] | None, parse_error: str | None,
                    references: list[Reference], ref_steps: set[int], raw_context: str,
-                   fresh: bool) -> StepOutcome:
+                   fresh: bool, known_tools: Callable[[], list[str]]) -> StepOutcome:
         h = state.header
+        nonce = sandbox.new_attempt()
+
+        async def record_intent(intent: dict[str, Any], timeout_s: float) -> None:
+            await self._write_intent(state, step_id, nonce, intent, timeout_s)
+
         view = StepView(keys=self.keys, state=state, data=self.data,
                         fetch=lambda e, d: self.loader.fetch(h.id, e, d), step_id=step_id,
-                        attempt=sandbox.new_attempt(), owner=h.principal,
-                        channel_names=self.channel_names, fresh=fresh)
-        attempt = _Attempt(view, set(), {})
+                        attempt=nonce, owner=h.principal,
+                        channel_names=self.channel_names, fresh=fresh,
+                        record_intent=record_intent if has_intent(tool) else None)
+        attempt = _Attempt(view, set(), {}, known_tools=known_tools)
         if tool is not None and tool.name.startswith("fs."):
             await asyncio.to_thread(pathlib.Path(h.policy.fs_root).mkdir, parents=True,
                                     exist_ok=True)
@@ -213,9 +241,11 @@ class Stepper:
             record, new_header, changes, plan = self._success(state, step_id, tool_name,
                                                               attempt, output, output_json,
                                                               raw_context)
+        except OutcomeUnknown as exc:
+            return await self._outcome_unknown(state, step_id, tool_name, tool, attempt, exc)
         except ToolError as exc:
             return await self._failed(state, step_id, tool_name, tool, attempt, exc.message,
-                                      exc.argument, exc.data)
+                                      exc.argument, exc.data, category=exc.category)
         except Stale:
             await view.discard()
             await self._compensate_unrecorded(tool, attempt, h.id, step_id)
@@ -253,7 +283,7 @@ class Stepper:
         now = time.time()
         new_header = replace(
             h, next_step_id=step_id + 1, attempts=0, highest_step=max(h.highest_step, step_id),
-            updated_at=now, budget=h.budget.plus(delta),
+            updated_at=now, budget=h.budget.plus(delta), saga_pending=None,
             fs_pending=FsPending(step_id, view.attempt, self.replica_id, now, fs.record.target)
             if fs is not None else None)
         changes = StepChanges(observed=view.observed, entries=entries, assumed=view.assumed,
@@ -396,10 +426,15 @@ class Stepper:
         return kv is not None and decode_step(kv.value).attempt == attempt
 
     async def _compensate_unrecorded(self, tool: Tool | None, attempt: _Attempt, tx_id: str,
-                                     step_id: int) -> None:
+                                     step_id: int, *, intent_held: bool = False) -> None:
         """A custom saga already changed the world: if its step is not recorded, undo it
-        now, or the step would have an effect without being live (SPEC §2)."""
+        now, or the step would have an effect without being live (SPEC §2). A toolset
+        saga is undone here only while this replica still holds its intent and is about
+        to clear it (`intent_held`, a failed step's CAS); otherwise whoever settles the
+        intent undoes it, once."""
         if attempt.result is None or not is_custom_saga(tool):
+            return
+        if has_intent(tool) and not intent_held:
             return
         assert tool is not None
         result, attempt.result = attempt.result, None
@@ -410,16 +445,64 @@ class Stepper:
                       extra={"tx": tx_id, "step": step_id, "tool": tool.name,
                              "error": f"{type(exc).__name__}: {exc}"})
 
+    # ---- toolset saga calls -------------------------------------------------------------
+
+    async def _write_intent(self, state: TxState, step_id: int, attempt: str,
+                            intent: dict[str, Any], timeout_s: float) -> None:
+        """Before a toolset saga call: the header's `SagaPending` marker and the call
+        itself (`tx/<id>/intent`) in ONE CAS. Its compare on the header validates the
+        state the step runs on (a stale cache loses it, and nothing was called). The
+        state object moves to the new revision, so the step's own CAS builds on it."""
+        h = state.header
+        now = time.time()
+        # the call cannot outlive this: Upstream bounds it at twice its timeout + 5 s
+        marker = SagaPending(step_id, attempt, self.replica_id, now, now + 2 * timeout_s + 10)
+        new = replace(h, saga_pending=marker, updated_at=now)
+        plan = intent_plan(self.keys, h, state.rev, new,
+                           to_json({**intent, "step": step_id, "attempt": attempt}))
+        res = await self.undoer.send(state, plan, "saga intent")
+        state.header, state.rev = new, res.revision
+
+    async def _outcome_unknown(self, state: TxState, step_id: int, tool_name: str,
+                               tool: Tool | None, attempt: _Attempt,
+                               exc: OutcomeUnknown) -> StepOutcome:
+        """A toolset saga call that may have acted (timed out, connection dropped): settle
+        its intent now, as any replica would after a crash. Compensated from its
+        arguments: the step failed like any other (retry first). Not compensable
+        without its output: MANUAL, with the call named in compensation_errors."""
+        await attempt.view.discard()
+        g = state.header.saga_pending
+        if g is None or (g.step_id, g.attempt) != (step_id, attempt.view.attempt):
+            return await self._failed(state, step_id, tool_name, tool, attempt, exc.message,
+                                      exc.argument, exc.data, category=exc.category)
+        hint = clean_error(exc.message, category=exc.category)
+        state, errors = await self.undoer.settle_saga(state, hint=hint.hint, reported=True)
+        if not errors:
+            return await self._failed(state, step_id, tool_name, tool, attempt, exc.message,
+                                      exc.argument, exc.data, category=exc.category)
+        h = state.header
+        METRICS.child(METRICS.steps, _tool_label(self.tools, tool_name),
+                      "rollback_triggered").inc()
+        METRICS.rollbacks.labels(Strategy.MANUAL.value.lower()).inc()
+        note(status="ROLLBACK_TRIGGERED", category=hint.category,
+             strategy=Strategy.MANUAL.value, compensation_errors=errors)
+        return StepOutcome(status="ROLLBACK_TRIGGERED", next_step_id=h.next_step_id,
+                           constraints=list(h.constraints), clean_hint=hint.hint,
+                           strategy=Strategy.MANUAL, rollback_to_step=h.next_step_id,
+                           error_category=hint.category, compensation_errors=errors)
+
     # ---- a failed step -----------------------------------------------------------------
 
     async def _failed(self, state: TxState, step_id: int, tool_name: str, tool: Tool | None,
                       attempt: _Attempt, raw: str, argument: str | None, data: str | None,
-                      *, rebuild_view: bool = False) -> StepOutcome:
+                      *, rebuild_view: bool = False, category: str | None = None
+                      ) -> StepOutcome:
         view = attempt.view
         await view.discard()
-        await self._compensate_unrecorded(tool, attempt, state.header.id, step_id)
+        await self._compensate_unrecorded(tool, attempt, state.header.id, step_id,
+                                          intent_held=True)
         h = state.header
-        cleaned = clean_error(raw, known_tools=self.tools.names())
+        cleaned = clean_error(raw, known_tools=attempt.known_tools(), category=category)
         constraints = add_constraint(h.constraints, cleaned.hint)
         attempts = h.attempts + 1
         highest = max(h.highest_step, step_id)
@@ -450,7 +533,7 @@ class Stepper:
             error_category=cleaned.category)
         observations = observation_entries(observed, known)
         base = replace(h, constraints=constraints, highest_step=highest, updated_at=time.time(),
-                       fs_pending=None)
+                       fs_pending=None, saga_pending=None)
         tool_label = _tool_label(self.tools, tool_name)
         if plan.strategy is Strategy.LOCAL_BACKTRACK:
             new = replace(base, attempts=attempts, budget=replace(
