@@ -1,0 +1,194 @@
+"""Keeping the toolset registry current: `--toolsets-file` re-read when it changes, and
+the operator's published toolsets watched under `<prefix>/toolsets/` (docs/toolsets.md).
+
+Why a watch and a poll, not a read per step: a step must not pay for finding its tools,
+and service pods need no Kubernetes API access (the operator publishes, replicas
+listen). The file is checked every FILE_POLL_S seconds (a `stat` signature, as token
+files are), so an edit reaches every replica well within 30 s; a Secret-backed header
+file needs no reload at all (its value is read per call, tools/toolsets/upstream.py).
+
+A broken toolset (a file that does not parse, a published record that does not
+validate) is logged and skipped, never fatal; the last good file stays in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import yaml
+
+from ..contracts.layout import Keys
+from ..contracts.toolsets import Toolset, ToolsetError, parse_file, parse_published
+from ..store.client import Store, op_get_prefix
+from ..tools.toolsets import Toolsets
+
+log = logging.getLogger(__name__)
+
+FILE_POLL_S = 2.0
+
+
+def read_toolsets_file(path: str) -> list[Toolset]:
+    """Parse a toolsets file (YAML or JSON). Raises ToolsetError / OSError."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        doc: Any = json.loads(raw) if raw.lstrip().startswith(b"{") else yaml.safe_load(raw)
+    except (ValueError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise ToolsetError(f"{path}: not valid YAML or JSON{where}") from None
+    return parse_file(doc if doc is not None else {})
+
+
+class ToolsetSources:
+    """Feeds `Toolsets` from the file and from etcd; runs until stopped."""
+
+    def __init__(self, store: Store, keys: Keys, toolsets: Toolsets, *,
+                 file: str | None = None, refresh_s: float = 300.0) -> None:
+        self.store, self.keys, self.toolsets = store, keys, toolsets
+        self.file = file
+        self.refresh_s = refresh_s
+        self.revision = 0
+        self._signature: tuple[int, ...] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- the file ----------------------------------------------------------------------
+
+    async def check_file(self) -> bool:
+        """Re-read the file if it changed; True when the registry was updated."""
+        if not self.file:
+            return False
+        try:
+            st = await asyncio.to_thread(os.stat, self.file)
+        except OSError as exc:
+            if self._signature != ():
+                log.error("cannot read --toolsets-file; keeping the toolsets loaded from it",
+                          extra={"file": self.file, "error": exc.strerror or str(exc)})
+                self._signature = ()
+            return False
+        signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        try:
+            loaded = await asyncio.to_thread(read_toolsets_file, self.file)
+        except (OSError, ToolsetError) as exc:
+            log.error("ignoring an invalid --toolsets-file; keeping the toolsets loaded "
+                      "from it before", extra={"file": self.file, "error": str(exc)})
+            return False
+        self.toolsets.set_file(loaded)
+        log.info("toolsets file read", extra={"file": self.file,
+                                              "toolsets": [t.key for t in loaded]})
+        return True
+
+    async def _poll_file(self) -> None:
+        while True:
+            await asyncio.sleep(FILE_POLL_S)
+            try:
+                await self.check_file()
+            except Exception as exc:  # never let the poll die
+                log.warning("toolsets file check failed", extra={"error": str(exc)})
+
+    # ---- etcd ----------------------------------------------------------------------------
+
+    def _apply(self, key: bytes, value: bytes | None) -> None:
+        suffix = self.keys.toolset_of(key)
+        if value is None:
+            self.toolsets.set_published(suffix, None)
+            return
+        try:
+            toolset = parse_published(value)
+        except ToolsetError as exc:
+            log.error("ignoring a malformed published toolset",
+                      extra={"key": key.decode(errors="replace"), "error": str(exc)})
+            self.toolsets.set_published(suffix, None)
+            return
+        if toolset.key != suffix:
+            log.error("ignoring a published toolset stored under another name",
+                      extra={"key": key.decode(errors="replace"), "toolset": toolset.key})
+            return
+        self.toolsets.set_published(suffix, toolset)
+
+    async def load(self) -> None:
+        prefix = self.keys.toolsets_prefix()
+        res = await self.store.read([op_get_prefix(prefix)], what="toolsets load")
+        found: dict[str, Toolset] = {}
+        for kv in res.kvs(0):
+            suffix = self.keys.toolset_of(kv.key)
+            try:
+                toolset = parse_published(kv.value)
+            except ToolsetError as exc:
+                log.error("ignoring a malformed published toolset",
+                          extra={"key": kv.key.decode(errors="replace"), "error": str(exc)})
+                continue
+            if toolset.key == suffix:
+                found[suffix] = toolset
+        self.toolsets.replace_published(found)
+        self.revision = res.revision
+
+    async def _watch(self) -> None:
+        # The store's watch loop is being consolidated (store/); this one mirrors
+        # workers/policies.py until then.
+        prefix = self.keys.toolsets_prefix()
+        backoff, loaded = 0.5, self.revision > 0
+        while True:
+            try:
+                if not loaded:
+                    await self.load()
+                    loaded = True
+                await self.store.client.connect()
+                watch = await self.store.client.watch_prefix(
+                    prefix, start_revision=self.revision + 1)
+                backoff = 0.5
+                async for event in watch:
+                    kv = event.kv
+                    deleted = str(getattr(event, "kind", "")).upper().endswith("DELETE")
+                    self._apply(bytes(kv.key), None if deleted else bytes(kv.value))
+                    self.revision = max(self.revision, int(kv.mod_revision))
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                log.warning("toolsets watch stream cancelled; reloading")
+            except Exception as exc:
+                log.warning("toolsets watch interrupted; reloading",
+                            extra={"error": f"{type(exc).__name__}: {exc}"})
+            loaded = False
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            started = time.monotonic()
+            await self.toolsets.refresh()
+            log.debug("toolset listings refreshed",
+                      extra={"ms": round((time.monotonic() - started) * 1000)})
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the file now (a broken one is logged, not fatal), then keep watching."""
+        await self.check_file()
+        if self.file:
+            self._tasks.append(asyncio.create_task(self._poll_file(), name="toolsets-file"))
+        self._tasks.append(asyncio.create_task(self._watch(), name="toolsets-watch"))
+        self._tasks.append(asyncio.create_task(self._refresh(), name="toolsets-refresh"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        await self.toolsets.close()
+
+
+__all__ = ["FILE_POLL_S", "ToolsetSources", "read_toolsets_file"]
