@@ -11,7 +11,9 @@ once after commit and never after a rollback, abort or conflict.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,10 +22,20 @@ from pathlib import Path
 
 import grpc
 import pytest
+from mcp import Client as McpClient
+from mcp import StdioServerParameters
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agenttx.client import Client
+from agenttx.config import Settings
 from agenttx.contracts.layout import Keys
+from agenttx.embedded_etcd import free_port
+from agenttx.observability import tracing
+from agenttx.server import serve
 from agenttx.v1 import agenttx_pb2 as pb
+from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.mcp_upstreams import Upstreams, declaration, mailer, ticket, tracker
 from support.rpc import expect_error, expect_failure, get, output
 from support.service import Agent, ServiceProcess
@@ -442,3 +454,83 @@ async def test_header_values_reach_the_upstream_and_nowhere_else(cluster, ups, s
     finally:
         secrets.file.write_text(secrets.file_value + "\n")
 
+
+
+# ---- an MCP host, through `agenttx mcp` ------------------------------------------------------
+
+async def test_an_mcp_host_sees_the_toolset_tools_and_agenttx_closes_a_ticket_on_rollback(
+        cluster, ups):
+    params = StdioServerParameters(command=sys.executable, args=[
+        "-m", "agenttx", "mcp", "--target", cluster.a.target, "--agent-id", "mcp-host"])
+    name = title("from the MCP host")
+    async with McpClient(params, mode="legacy") as mcp:
+        tools = {t.name: t for t in (await mcp.list_tools()).tools}
+        create = tools["tickets_create_ticket"]
+        assert create.description.startswith(
+            "Open a ticket in the team's tracker; returns it with its new id. Acts at once; "
+            "if the transaction rolls back, AgentTx undoes it by calling close_ticket.")
+        assert set(create.input_schema["properties"]) == {"title", "priority", "transaction"}
+        assert create.input_schema["required"] == ["title"]
+        wire = {n: t.model_dump(by_alias=True, exclude_none=True, mode="json")["annotations"]
+                for n, t in tools.items()}
+        assert wire["tickets_create_ticket"] == {
+            "title": "tickets.create_ticket", "readOnlyHint": False, "destructiveHint": True,
+            "idempotentHint": False, "openWorldHint": True}
+        assert wire["mail_send_email"]["destructiveHint"] is True
+        assert wire["mail_send_email"]["openWorldHint"] is True
+        assert wire["tickets_search_tickets"] == {"title": "tickets.search_tickets",
+                                                  "readOnlyHint": True, "openWorldHint": True}
+        # the host creates a ticket, a later step fails on it, AgentTx closes the ticket
+        made = await mcp.call_tool("tickets_create_ticket", {"title": name})
+        assert not made.is_error
+        ticket_id = made.structured_content["output"]["id"]
+        assert ticket(ups.tracker, ticket_id)["status"] == "open"
+        bad = await mcp.call_tool("kv_get", {"key": "${steps.1.id}"})
+        assert bad.is_error
+        s = bad.structured_content
+        assert (s["category"], s["strategy"], s["next_step_id"]) == \
+            ("no_data_found", "DEPENDENCY_JUMP", 1)
+        await mcp.call_tool("agenttx_rollback", {})
+    [close] = ups.tracker.calls_to("close_ticket", id=ticket_id)
+    assert close.arguments == {"id": ticket_id, "reason": "rolled back by AgentTx"}
+    assert ticket(ups.tracker, ticket_id)["status"] == "closed"
+
+
+# ---- the caller's trace continues upstream ----------------------------------------------------
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+async def test_the_callers_trace_context_reaches_the_upstream(etcd_endpoint, scratch,
+                                                              etcd_prefix, cluster, ups):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.setup(provider)
+    port = free_port()
+    settings = Settings(listen=f"127.0.0.1:{port}", etcd_endpoints=etcd_endpoint,
+                        etcd_prefix=etcd_prefix, fs_root=str(scratch / "trace-ts-sb"),
+                        data_dir=str(scratch / "trace-ts-data"), grace_period_s=1,
+                        toolsets_file=str(cluster.file))
+    ready, stop = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(serve(settings, ready=ready, stop=stop))
+    query = title("traced")
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        md = (("traceparent", f"00-{TRACE_ID}-00f067aa0ba902b7-01"),)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.AgentTxServiceStub(ch)
+            tx = (await stub.BeginTransaction(pb.BeginTransactionRequest(agent_id="t"),
+                                              metadata=md)).transaction_id
+            step = await stub.ExecuteStep(pb.ExecuteStepRequest(
+                transaction_id=tx, step_id=1, tool_name="tickets.search_tickets",
+                arguments_json=json.dumps({"query": query})), metadata=md)
+            assert step.status == pb.STEP_STATUS_SUCCESS, step.clean_hint
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        tracing.shutdown()
+    [call] = ups.tracker.calls_to("search_tickets", query=query)
+    assert call.meta["traceparent"].split("-")[1] == TRACE_ID
+    names = {s.name for s in exporter.get_finished_spans()}
+    assert "execute_tool tickets.search_tickets" in names

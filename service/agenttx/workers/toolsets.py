@@ -68,8 +68,9 @@ class ToolsetSources:
             st = await asyncio.to_thread(os.stat, self.file)
         except OSError as exc:
             if self._signature != ():
-                log.error("cannot read --toolsets-file; keeping the toolsets loaded from it",
-                          extra={"file": self.file, "error": exc.strerror or str(exc)})
+                log.error("cannot read --toolsets-file",
+                          extra={"file": self.file, "error": exc.strerror or str(exc),
+                                 "kept": "the toolsets last read from it"})
                 self._signature = ()
             return False
         signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -79,8 +80,9 @@ class ToolsetSources:
         try:
             loaded = await asyncio.to_thread(read_toolsets_file, self.file)
         except (OSError, ToolsetError) as exc:
-            log.error("ignoring an invalid --toolsets-file; keeping the toolsets loaded "
-                      "from it before", extra={"file": self.file, "error": str(exc)})
+            log.error("ignoring an invalid --toolsets-file",
+                      extra={"file": self.file, "error": str(exc),
+                             "kept": "the toolsets last read from it"})
             return False
         self.toolsets.set_file(loaded)
         log.info("toolsets file read", extra={"file": self.file,
