@@ -188,7 +188,48 @@ def test_a_commit_conflict_closes_the_ticket_once(cluster, ups):
     assert ticket(ups.tracker, made["id"])["status"] == "closed"
 
 
-def test_a_deferred_call_is_made_once_after_commit_with_its_staged_key(cluster, ups):
+IDLE_S = 2
+REAPER_PASS_S = 5.0     # the reaper's interval on replicas whose own idle timeout is 900 s
+
+
+async def test_the_reaper_closes_an_idle_transactions_ticket_once_and_never_sends_its_mail(
+        cluster, ups, etcd, scratch, sandbox, store):
+    short = ServiceProcess("toolsets-short-idle", etcd_endpoints=etcd.endpoints,
+                           prefix=cluster.prefix, fs_root=str(sandbox),
+                           workdir=scratch / "toolsets",
+                           extra_args=["--toolsets-file", str(cluster.file),
+                                       "--tx-idle-timeout-s", str(IDLE_S)]).start()
+    try:
+        agent = Agent(short.stub)        # its policy: idle after IDLE_S
+        made = created(agent, "idle")
+        subject = title("never after reaping")
+        agent.ok("mail.send_email", {"to": "x@example.com", "subject": subject})
+        eventually(lambda: ups.tracker.calls_to("close_ticket", id=made["id"]),
+                   slack(IDLE_S + REAPER_PASS_S), "the reaper's compensation")
+    finally:
+        short.stop()
+    eventually(lambda: _gone(cluster.a.stub, agent.tx), slack(REAPER_PASS_S),
+               "the idle transaction ended")
+    assert await _outbox(store, cluster, agent.tx) == []       # the mail can never be sent
+    assert len(ups.tracker.calls_to("close_ticket", id=made["id"])) == 1
+    assert ups.mailer.calls_to("send_email", subject=subject) == []
+
+
+async def _outbox(store, cluster: Cluster, tx: str) -> list:
+    """The transaction's outbox entries: what is still to be delivered, ever."""
+    return await store.get_prefix(cluster.keys.outbox_prefix() + f"{tx}/".encode())
+
+
+def _gone(stub, tx: str) -> bool:
+    try:
+        stub.GetTransaction(pb.GetTransactionRequest(transaction_id=tx), timeout=10)
+    except grpc.RpcError as exc:
+        return exc.code() == grpc.StatusCode.NOT_FOUND
+    return False
+
+
+async def test_a_deferred_call_is_made_once_after_commit_with_its_staged_key(cluster, ups,
+                                                                            store):
     agent = Agent(cluster.a.stub)
     subject = title("weekly report")
     staged = agent.ok("mail.send_email", {"to": "team@example.com", "subject": subject})
@@ -201,11 +242,11 @@ def test_a_deferred_call_is_made_once_after_commit_with_its_staged_key(cluster, 
     [sent] = ups.mailer.calls_to("send_email", subject=subject)
     assert sent.key == key
     assert sent.arguments == {"to": "team@example.com", "subject": subject, "body": ""}
-    time.sleep(slack(POLL_S * 3) / 5)  # a few dispatcher passes: nothing is sent again
-    assert len(ups.mailer.calls_to("send_email", subject=subject)) == 1
+    assert await _outbox(store, cluster, agent.tx) == []   # retired: never sent again
 
 
-def test_a_deferred_call_is_never_made_after_a_rollback_an_abort_or_a_conflict(cluster, ups):
+async def test_a_deferred_call_is_never_made_after_a_rollback_an_abort_or_a_conflict(
+        cluster, ups, store):
     subjects = [title("never") for _ in range(3)]
     rolled = Agent(cluster.a.stub)
     rolled.ok("kv.put", {"key": f"k-{uuid.uuid4().hex}", "value": 1})
@@ -224,7 +265,8 @@ def test_a_deferred_call_is_never_made_after_a_rollback_an_abort_or_a_conflict(c
     assert winner.commit().committed
     expect_error(cluster.a.stub.CommitTransaction,
                  pb.CommitTransactionRequest(transaction_id=loser.tx), grpc.StatusCode.ABORTED)
-    time.sleep(slack(POLL_S * 3) / 5)
+    for tx in (rolled.tx, aborted.tx, loser.tx):      # nothing left that could be sent
+        assert await _outbox(store, cluster, tx) == []
     assert [c for c in ups.mailer.calls if c.arguments.get("subject") in subjects] == []
 
 
