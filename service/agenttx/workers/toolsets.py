@@ -34,9 +34,13 @@ FILE_POLL_S = 2.0
 
 
 def read_toolsets_file(path: str) -> list[Toolset]:
-    """Parse a toolsets file (YAML or JSON). Raises ToolsetError / OSError."""
+    """Read and parse a toolsets file. Raises ToolsetError / OSError."""
     with open(path, "rb") as f:
-        raw = f.read()
+        return parse_toolsets_file(f.read(), path)
+
+
+def parse_toolsets_file(raw: bytes, path: str) -> list[Toolset]:
+    """A toolsets file's content (YAML or JSON). Raises ToolsetError saying where."""
     try:
         doc: Any = json.loads(raw) if raw.lstrip().startswith(b"{") else yaml.safe_load(raw)
     except (ValueError, yaml.YAMLError) as exc:
@@ -193,4 +197,4 @@ class ToolsetSources:
         await self.toolsets.close()
 
 
-__all__ = ["FILE_POLL_S", "ToolsetSources", "read_toolsets_file"]
+__all__ = ["FILE_POLL_S", "ToolsetSources", "parse_toolsets_file", "read_toolsets_file"]

@@ -26,6 +26,7 @@ from jsonschema import SchemaError, ValidationError
 from jsonschema.exceptions import best_match
 from jsonschema.validators import Draft202012Validator, validator_for
 from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 from ...args.jsonargs import describe
 from ..base import ToolError
@@ -128,7 +129,12 @@ class ArgumentSchema:
         self._validator = cls(doc, registry=Registry())
 
     def errors(self, arguments: Mapping[str, Any]) -> Sequence[ValidationError]:
-        return list(self._validator.iter_errors(dict(arguments)))
+        try:
+            return list(self._validator.iter_errors(dict(arguments)))
+        except Unresolvable as exc:
+            raise ToolError(f"the upstream's input schema refers to {exc.ref!r}, which it "
+                            "does not contain (remote references are not fetched)",
+                            category="fdw_error") from None
 
     def check(self, arguments: Mapping[str, Any]) -> None:
         errors = self.errors(arguments)
