@@ -5,7 +5,9 @@ the saga intent's record and CAS, and the toolsets file's parser."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +179,18 @@ def test_a_toolsets_file_is_yaml_or_json_and_a_broken_one_says_where() -> None:
     invalid = json.dumps({"toolsets": [{"name": "t", "spec": {"prefix": "kv"}}]}).encode()
     with pytest.raises(ToolsetError, match=r"toolsets\[0\] \('t'\): spec.upstream"):
         parse_toolsets_file(invalid, "i.json")
+
+
+def test_the_toolsets_files_the_docs_show_are_valid() -> None:
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    doc = (root / "docs" / "toolsets.md").read_text()
+    block = re.search(r"```yaml\n# toolsets.yaml[^\n]*\n(.*?)```", readme, re.S)
+    assert block is not None
+    assert [t.key for t in parse_toolsets_file(block.group(1).encode(), "README.md")] == \
+        ["default/tickets"]
+    block = re.search(r"```yaml\n(toolsets:.*?)```", doc, re.S)
+    assert block is not None
+    parsed = parse_toolsets_file(block.group(1).encode(), "docs/toolsets.md")
+    assert {t.key: [s.kind for s in t.tools] for t in parsed} == {
+        "default/tickets": ["saga", "saga", "read"], "default/mail": ["deferred"]}
