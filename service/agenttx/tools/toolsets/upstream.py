@@ -52,6 +52,7 @@ from mcp_types import Tool as McpTool
 from pydantic import ValidationError
 
 from ...contracts.toolsets import Header
+from ...observability.context import note
 
 log = logging.getLogger(__name__)
 # httpx2 logs every request at INFO (URL and status); one line per step is the RPC's.
@@ -322,6 +323,7 @@ class Upstream:
         return {"text": _text(result)}
 
     async def _run(self, op: Any, what: str) -> Any:
+        started = time.perf_counter()
         record = _CallRecord(headers=await self._headers())
         token = _CALL.set(record)
         client: Client | None = None
@@ -372,6 +374,9 @@ class Upstream:
                                 maybe_applied=record.sent) from None
         finally:
             _CALL.reset(token)
+            # the RPC's one log line says how long the upstream took (docs/toolsets.md)
+            note(upstream=self.label, upstream_ms=round((time.perf_counter() - started)
+                                                        * 1000, 2))
         raise AssertionError("unreachable")
 
     def _classify(self, exc: MCPError, record: _CallRecord, what: str) -> UpstreamError:
