@@ -18,6 +18,11 @@ echo "==> creating .venv and installing AgentTx (first run takes a minute)" >&2
 # Both distributions, editable: agenttx-client (client/) and agenttx (the service, which
 # depends on the client; pip takes it from ./client, not from an index).
 .venv/bin/python -m pip install --quiet -e "./client[console]" -e ".[dev]"
+# A .venv from before the split had the `agenttx` command in the service distribution;
+# replacing that distribution removes the script the client just installed. Put it back.
+if [ ! -x .venv/bin/agenttx ]; then
+  .venv/bin/python -m pip install --quiet --no-deps --force-reinstall -e ./client
+fi
 if [ -d examples/agenttx-example-tools ]; then
   .venv/bin/python -m pip install --quiet -e examples/agenttx-example-tools
 fi

@@ -2,13 +2,13 @@
 
 Why not the `kubernetes` client's generated APIs: they are synchronous (every call would
 block kopf's event loop or need a thread) and turn objects into models, while the
-reconcile functions work on plain dicts and need exact control of the patch content
+pure decision modules work on plain dicts and need exact control of the patch content
 type (RFC 6902 JSON patch for the Deployment, merge patch for claims). We still use
 the `kubernetes` package to *load* credentials (in-cluster service account or
 kubeconfig, exec plugins included), exactly as kopf's own `login_via_client` does, and
 hand kopf the same credentials through a login handler: one identity for both.
 
-What it must never do: decide anything. It fetches and sends what `reconcile` computed,
+What it must never do: decide anything. It fetches and sends what the pure modules computed,
 and reports "not found" as None where the caller treats absence as a state.
 """
 
@@ -26,7 +26,7 @@ from urllib.parse import quote
 import aiohttp
 import kopf
 
-from . import reconcile
+from . import policy_spec
 
 JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
@@ -262,11 +262,11 @@ class KubeClient:
 
     async def list_policies(self, namespaces: Iterable[str] | None) -> set[tuple[str, str]]:
         """(namespace, name) of every AgentTxPolicy, cluster-wide or in `namespaces`."""
-        base = f"/apis/{reconcile.GROUP}/{reconcile.VERSION}"
+        base = f"/apis/{policy_spec.GROUP}/{policy_spec.VERSION}"
         paths = (
-            [f"{base}/{reconcile.PLURAL}"]
+            [f"{base}/{policy_spec.PLURAL}"]
             if namespaces is None
-            else [f"{base}/namespaces/{quote(ns)}/{reconcile.PLURAL}" for ns in namespaces]
+            else [f"{base}/namespaces/{quote(ns)}/{policy_spec.PLURAL}" for ns in namespaces]
         )
         found: set[tuple[str, str]] = set()
         for path in paths:
@@ -282,7 +282,7 @@ class KubeClient:
         """Whether the API server serves agenttx.io/v1alpha1 agenttxpolicies (the CRD is
         installed). Discovery needs no RBAC beyond system:discovery."""
         result = await self._request(
-            "GET", f"/apis/{reconcile.GROUP}/{reconcile.VERSION}", missing_ok=True
+            "GET", f"/apis/{policy_spec.GROUP}/{policy_spec.VERSION}", missing_ok=True
         )
         resources = (result or {}).get("resources") or []
-        return any(r.get("name") == reconcile.PLURAL for r in resources)
+        return any(r.get("name") == policy_spec.PLURAL for r in resources)

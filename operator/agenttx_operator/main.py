@@ -22,7 +22,7 @@ from agenttx.store.client import connect
 from . import handlers
 from .config import OperatorConfig
 from .kube import Credentials, KubeClient, load_credentials
-from .reconcile import Target
+from .sandboxes import Target
 
 log = logging.getLogger(__name__)
 

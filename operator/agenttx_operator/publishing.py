@@ -21,7 +21,7 @@ from agenttx.contracts.layout import Keys
 from agenttx.contracts.policy import PublishedPolicy
 from agenttx.store.client import Store, cmp_mod, cmp_value, op_delete, op_put
 
-from . import reconcile
+from . import lifecycle, policy_spec
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ async def publish(store: Store, keys: Keys, policy: PublishedPolicy) -> bool:
     the service's watchers see no spurious event on a resume or a status-only change.
     """
     key = keys.policy(policy.namespace, policy.name)
-    value = reconcile.publish_payload(policy)
+    value = policy_spec.publish_payload(policy)
     result = await store.txn(
         [cmp_value(key, value)], [], [op_put(key, value)], what="publish policy"
     )
@@ -71,7 +71,7 @@ async def sweep_orphans(
     or republished in between is never removed.
     """
     removed: list[bytes] = []
-    orphans = reconcile.orphaned_keys(published, existing_policies, keys, namespaces)
+    orphans = lifecycle.orphaned_keys(published, existing_policies, keys, namespaces)
     for key, rev in sorted(orphans.items()):
         result = await store.txn([cmp_mod(key, rev)], [op_delete(key)], [], what="sweep policy")
         if result.succeeded:

@@ -25,7 +25,8 @@ from .auth import Authenticator, RateLimiter, check_listen_allowed, server_crede
 from .config import Settings
 from .contracts.layout import Keys
 from .effects.channels import ChannelRegistry
-from .effects.deferred import Channels
+from .effects.deadletters import DeadLetters
+from .effects.deferred import deferred_delivery
 from .effects.outbox import Dispatcher
 from .embedded_etcd import EmbeddedEtcd
 from .engine.engine import Engine
@@ -189,10 +190,11 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
                         max_connections=settings.toolset_max_connections)
     tools = ToolRegistry.load()
     tools.attach(toolsets)
-    dispatcher = Dispatcher(store, keys.prefix, Channels(channels, toolsets), replica_id,
+    dispatcher = Dispatcher(store, keys.prefix, channels, replica_id,
                             lease_ttl_s=settings.leader_ttl_s,
                             poll_interval_s=settings.effect_poll_s,
-                            claim_s=settings.effect_claim_s)
+                            claim_s=settings.effect_claim_s,
+                            deferred=deferred_delivery(toolsets))
     engine = Engine(store=store, keys=keys, tools=tools,
                     resolve_policy=policies.resolve, default_fs_root=fs_root,
                     replica_id=replica_id, channel_names=channels.names,
@@ -228,8 +230,9 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
         ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
         ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ])
+    dead_letters = DeadLetters(store, keys, engine.committer.retention.lease_id)
     add_to_server(AgentTxServicer(engine, authenticator, RateLimiter(settings.max_requests_per_s),
-                                  settings.admins()), server)
+                                  settings.admins(), dead_letters=dead_letters), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     _add_reflection(server)
@@ -272,6 +275,7 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     for task in background:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+    await channels.aclose()  # the webhook channels' pooled connections
     await policies.stop()
     await toolset_sources.stop()
     await presence.stop()

@@ -146,7 +146,8 @@ def test_a_fresh_replica_exports_every_dashboard_series_at_zero(pair):
     present += [key("agenttx_leader", role=role) for role in m.ROLES]
     present += [key(g) for g in ("agenttx_open_transactions",
                                  "agenttx_transactions_awaiting_rollback",
-                                 "agenttx_outbox_depth", "agenttx_outbox_oldest_age_seconds")]
+                                 "agenttx_outbox_depth", "agenttx_outbox_oldest_age_seconds",
+                                 "agenttx_effects_dead_letters")]
     assert [k for k in present if k not in fresh] == []
     assert "strategy=\"none\"" not in pair[1].text()  # ROLLBACK_STRATEGY_NONE is no rollback
     build = [(k, v) for k, v in fresh.items() if k[0] == "agenttx_build_info"]

@@ -270,6 +270,33 @@ async def test_a_deferred_call_is_never_made_after_a_rollback_an_abort_or_a_conf
     assert [c for c in ups.mailer.calls if c.arguments.get("subject") in subjects] == []
 
 
+def test_a_deferred_call_the_upstream_refuses_becomes_a_dead_letter_and_a_retry_sends_it(
+        cluster, ups):
+    agent = Agent(cluster.a.stub)
+    subject = title("refused")
+    key = agent.ok("mail.send_email", {"to": "x@example.com",
+                                       "subject": subject})["idempotency_key"]
+    ups.mailer.control.fail["send_email"] = "mailbox x@example.com does not exist"
+    try:
+        commit = agent.commit()
+        assert commit.committed and commit.effects_dispatched == 0
+        [error] = commit.dispatch_errors
+        assert "mailbox x@example.com does not exist" in error and "dead letters" in error
+        with Client(cluster.b.target) as client:
+            [letter] = [d for d in client.dead_letters() if d.idempotency_key == key]
+        assert (letter.kind, letter.channel, letter.attempts, letter.transaction_id) == \
+            ("deferred", "mail.send_email", 1, agent.tx)
+        assert "does not exist" in letter.last_error
+        assert len(ups.mailer.calls_to("send_email", subject=subject)) == 1   # not retried
+    finally:
+        ups.mailer.control.fail.clear()
+    with Client(cluster.b.target) as client:
+        client.retry_dead_letter(key, reason="mailbox created")
+    sent = eventually(lambda: len(ups.mailer.calls_to("send_email", subject=subject)) == 2,
+                      slack(POLL_S * 2), "the retried call made")
+    assert sent and {c.key for c in ups.mailer.calls_to("send_email", subject=subject)} == {key}
+
+
 # ---- errors --------------------------------------------------------------------------------
 
 def test_an_upstream_is_error_is_fdw_error_with_its_message_on_one_line(cluster, ups):

@@ -54,6 +54,8 @@ from .errors import (
 from .types import (
     CommitResult,
     ContextEntry,
+    DeadLetter,
+    DeadLetterPage,
     Policy,
     RollbackResult,
     StepResult,
@@ -68,7 +70,8 @@ from .types import (
 
 __all__ = [
     "__version__", "DEFAULT_TARGET", "TLS", "AgentTxError", "AsyncClient", "AsyncTransaction", "Cancelled",
-    "Client", "CommitResult", "Conflict", "ContextEntry", "DeadlineExceeded",
+    "Client", "CommitResult", "Conflict", "ContextEntry", "DeadLetter", "DeadLetterPage",
+    "DeadlineExceeded",
     "FailedPrecondition", "Internal", "InvalidArgument", "NotFound", "OutcomeUnknown",
     "PermissionDenied", "Policy", "ResourceExhausted", "RollbackResult", "StepResult",
     "StepStatus", "Strategy", "ToolInfo", "Transaction", "TransactionEnded", "TransactionPage",

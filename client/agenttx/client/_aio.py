@@ -20,6 +20,8 @@ from ._core import TLS, TxState
 from .errors import AgentTxError, NotFound, OutcomeUnknown, from_rpc_error
 from .types import (
     CommitResult,
+    DeadLetter,
+    DeadLetterPage,
     Policy,
     RollbackResult,
     StepResult,
@@ -160,6 +162,41 @@ class AsyncClient(_core.HasEndpoints):
             token = page.next_page_token
             if not token:
                 return
+
+    # -- dead letters (admin principals once authentication is on)
+    async def dead_letters_page(self, *, page_size: int = 100,
+                                page_token: str = "") -> DeadLetterPage:
+        """One page of ListDeadLetters: effects their receivers refused for good."""
+        resp = await self._read("ListDeadLetters",
+                                _core.dead_letters_request(page_size, page_token))
+        return _core.dead_letter_page(resp)
+
+    async def dead_letters(self, *, page_size: int = 100) -> AsyncIterator[DeadLetter]:
+        """Every dead letter, fetched a page at a time."""
+        token = ""
+        while True:
+            page = await self.dead_letters_page(page_size=page_size, page_token=token)
+            for letter in page.dead_letters:
+                yield letter
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def retry_dead_letter(self, idempotency_key: str, *, principal: str = "",
+                                reason: str = "") -> None:
+        """RetryDeadLetter: back into the outbox with the same idempotency key; the
+        dispatcher sends it within its poll interval. `principal` says whose letter when
+        several principals have one with this key. Not retried on a lost answer: list
+        the dead letters to see whether it applied."""
+        await self._call("RetryDeadLetter",
+                         _core.dead_letter_request(idempotency_key, reason, principal))
+
+    async def discard_dead_letter(self, idempotency_key: str, reason: str, *,
+                                  principal: str = "") -> None:
+        """DiscardDeadLetter: drop it for good; `reason` (required) goes into the
+        service's audit log. The key stays reserved for the retention window."""
+        await self._call("DiscardDeadLetter",
+                         _core.dead_letter_request(idempotency_key, reason, principal))
 
 
 class _AsyncTransactionBlock:

@@ -33,6 +33,8 @@ from .errors import AgentTxError, NotFound, OutcomeUnknown, TransactionEnded
 from .types import (
     CommitResult,
     ContextEntry,
+    DeadLetter,
+    DeadLetterPage,
     Policy,
     RollbackResult,
     StepResult,
@@ -227,6 +229,20 @@ def list_request(page_size: int, page_token: str, status: TransactionStatus | st
                                       agent_id_prefix=agent_id_prefix)
 
 
+def dead_letter_request(idempotency_key: str, reason: str, principal: str
+                        ) -> pb.DeadLetterRequest:
+    if not isinstance(idempotency_key, str) or not idempotency_key:
+        raise ValueError("idempotency_key must be a non-empty string")
+    return pb.DeadLetterRequest(idempotency_key=idempotency_key, reason=reason,
+                                principal=principal)
+
+
+def dead_letters_request(page_size: int, page_token: str) -> pb.ListDeadLettersRequest:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive integer, not {page_size!r}")
+    return pb.ListDeadLettersRequest(page_size=page_size, page_token=page_token)
+
+
 # ---- responses -------------------------------------------------------------------------
 
 def _strategy(value: int) -> Strategy:
@@ -281,6 +297,13 @@ def transaction_page(resp: pb.ListTransactionsResponse) -> TransactionPage:
         TransactionSummary(t.transaction_id, _tx_status(t.status), t.agent_id, t.principal,
                            t.next_step_id, t.created_at, t.updated_at)
         for t in resp.transactions), resp.next_page_token)
+
+
+def dead_letter_page(resp: pb.ListDeadLettersResponse) -> DeadLetterPage:
+    return DeadLetterPage(tuple(
+        DeadLetter(d.idempotency_key, d.transaction_id, d.channel, d.kind, d.last_error,
+                   d.attempts, d.dead_at, d.principal)
+        for d in resp.dead_letters), resp.next_page_token)
 
 
 # ---- lost answers ----------------------------------------------------------------------

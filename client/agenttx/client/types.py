@@ -170,12 +170,38 @@ class ToolInfo:
 
 
 @dataclass(frozen=True)
+class DeadLetter:
+    """A committed effect (or deferred toolset call) its receiver refused for good,
+    waiting for an admin (`retry_dead_letter` / `discard_dead_letter`). `channel` is the
+    effect's channel or the deferred call's tool; `kind` is `effect` or `deferred`;
+    `attempts` counts every delivery attempt, the one made at commit included;
+    `dead_at` is unix seconds; `principal` owns the idempotency key ("" without
+    authentication)."""
+
+    idempotency_key: str
+    transaction_id: str
+    channel: str
+    kind: str
+    last_error: str
+    attempts: int
+    dead_at: float
+    principal: str = ""
+
+
+@dataclass(frozen=True)
+class DeadLetterPage:
+    dead_letters: tuple[DeadLetter, ...] = field(default_factory=tuple)
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True)
 class TransactionPage:
     transactions: tuple[TransactionSummary, ...] = field(default_factory=tuple)
     next_page_token: str = ""
 
 
 __all__ = [
-    "CommitResult", "ContextEntry", "Policy", "RollbackResult", "StepResult", "StepStatus",
+    "CommitResult", "ContextEntry", "DeadLetter", "DeadLetterPage", "Policy", "RollbackResult",
+    "StepResult", "StepStatus",
     "Strategy", "ToolInfo", "TransactionPage", "TransactionState", "TransactionStatus", "TransactionSummary",
 ]

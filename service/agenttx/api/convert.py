@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from agenttx.v1 import agenttx_pb2 as pb
 
+from ..effects.deadletters import DeadLetterPage
 from ..engine.model import (
     CommitOutcome,
     RollbackOutcome,
@@ -94,3 +95,11 @@ def tools_response(tools: Sequence[ToolDescription]) -> pb.ListToolsResponse:
         pb.ToolInfo(name=t.name, description=t.description,
                     input_schema_json=t.input_schema_json, kind=t.kind, toolset=t.toolset)
         for t in tools])
+
+
+def dead_letters_response(page: DeadLetterPage) -> pb.ListDeadLettersResponse:
+    return pb.ListDeadLettersResponse(dead_letters=[
+        pb.DeadLetter(idempotency_key=d.idempotency_key, transaction_id=d.transaction_id,
+                      channel=d.channel, kind=d.kind, last_error=d.last_error,
+                      attempts=d.attempts, dead_at=d.dead_at, principal=d.principal)
+        for d in page.letters], next_page_token=page.next_page_token)

@@ -21,9 +21,10 @@ from agenttx.v1 import agenttx_pb2 as pb
 from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 
 from ..auth import Authenticator, RateLimiter
+from ..effects.deadletters import DeadLetters
 from ..engine.engine import Engine
 from ..engine.model import ANONYMOUS, Caller
-from ..errors import AgentTxError, InvalidArgument
+from ..errors import AgentTxError, FailedPrecondition, InvalidArgument
 from ..observability import context as rpc_context
 from ..observability import tracing
 from ..observability.metrics import METRICS
@@ -36,7 +37,7 @@ T = TypeVar("T")
 
 SERVICE_NAME = "agenttx.v1.AgentTxService"
 STATE_CHANGING = frozenset({"BeginTransaction", "ExecuteStep", "CommitTransaction",
-                            "RollbackTransaction"})
+                            "RollbackTransaction", "RetryDeadLetter", "DiscardDeadLetter"})
 _MESSAGES: dict[str, tuple[Any, Any]] = {
     "BeginTransaction": (pb.BeginTransactionRequest, pb.BeginTransactionResponse),
     "ExecuteStep": (pb.ExecuteStepRequest, pb.ExecuteStepResponse),
@@ -45,6 +46,9 @@ _MESSAGES: dict[str, tuple[Any, Any]] = {
     "GetTransaction": (pb.GetTransactionRequest, pb.GetTransactionResponse),
     "ListTransactions": (pb.ListTransactionsRequest, pb.ListTransactionsResponse),
     "ListTools": (pb.ListToolsRequest, pb.ListToolsResponse),
+    "ListDeadLetters": (pb.ListDeadLettersRequest, pb.ListDeadLettersResponse),
+    "RetryDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
+    "DiscardDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
 }
 
 
@@ -126,11 +130,18 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
 class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
     def __init__(self, engine: Engine, authenticator: Authenticator | None = None,
-                 rate: RateLimiter | None = None, admins: frozenset[str] = frozenset()) -> None:
+                 rate: RateLimiter | None = None, admins: frozenset[str] = frozenset(),
+                 *, dead_letters: DeadLetters | None = None) -> None:
         self.engine = engine
         self.authenticator = authenticator
         self.rate = rate
         self.admins = admins
+        self.dead_letters = dead_letters
+
+    def _dead_letters(self) -> DeadLetters:
+        if self.dead_letters is None:  # a servicer built without them (tests of other RPCs)
+            raise FailedPrecondition("this replica serves no dead letters")
+        return self.dead_letters
 
     async def authenticate(self, context: grpc.aio.ServicerContext) -> Caller:
         """Who is calling (SPEC §9): UNAUTHENTICATED without valid credentials, then
@@ -207,3 +218,44 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
                         context: grpc.aio.ServicerContext,
                         caller: Caller) -> pb.ListToolsResponse:
         return convert.tools_response(await self.engine.list_tools(caller))
+
+    # ---- dead letters (admin only) ------------------------------------------------------
+
+    @_guard
+    async def ListDeadLetters(self, request: pb.ListDeadLettersRequest,  # noqa: N802
+                              context: grpc.aio.ServicerContext,
+                              caller: Caller) -> pb.ListDeadLettersResponse:
+        validation.admin_only(caller, "ListDeadLetters")
+        page = await self._dead_letters().list(request.page_size, request.page_token)
+        rpc_context.note(listed=len(page.letters))
+        return convert.dead_letters_response(page)
+
+    @_guard
+    async def RetryDeadLetter(self, request: pb.DeadLetterRequest,  # noqa: N802
+                              context: grpc.aio.ServicerContext,
+                              caller: Caller) -> pb.DeadLetterResponse:
+        validation.admin_only(caller, "RetryDeadLetter")
+        validation.dead_letter(request.idempotency_key, request.reason, reason_required=False)
+        rpc_context.note(idempotency_key=request.idempotency_key, reason=request.reason)
+        if request.principal:
+            rpc_context.note(owner=request.principal)
+        letter = await self._dead_letters().retry(request.idempotency_key, request.principal)
+        rpc_context.note(tx=letter.entry.transaction_id, owner=letter.entry.owner,
+                         channel=letter.entry.target, attempts=letter.entry.attempts)
+        return pb.DeadLetterResponse()
+
+    @_guard
+    async def DiscardDeadLetter(self, request: pb.DeadLetterRequest,  # noqa: N802
+                                context: grpc.aio.ServicerContext,
+                                caller: Caller) -> pb.DeadLetterResponse:
+        validation.admin_only(caller, "DiscardDeadLetter")
+        validation.dead_letter(request.idempotency_key, request.reason, reason_required=True)
+        rpc_context.note(idempotency_key=request.idempotency_key, reason=request.reason)
+        if request.principal:
+            rpc_context.note(owner=request.principal)
+        letter = await self._dead_letters().discard(request.idempotency_key,
+                                                    request.principal)
+        if letter is not None:
+            rpc_context.note(tx=letter.entry.transaction_id, owner=letter.entry.owner,
+                             channel=letter.entry.target, attempts=letter.entry.attempts)
+        return pb.DeadLetterResponse()

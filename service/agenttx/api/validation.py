@@ -100,3 +100,26 @@ def page_token(token: str) -> str:
         return str(uuid.UUID(token))
     except ValueError:
         raise InvalidArgument("page_token is not a token this service handed out") from None
+
+
+def admin_only(caller: Caller, rpc: str) -> None:
+    """Dead letters are for admins (docs/operations.md): with authentication on, only
+    principals with the admin role; without it every (loopback) caller is one."""
+    if caller.authenticated and not caller.admin:
+        raise PermissionDenied(f"{rpc} needs the admin role")
+
+
+MAX_REASON_BYTES = 1024
+
+
+def dead_letter(idempotency_key: str, reason: str, *, reason_required: bool) -> None:
+    """Any non-empty key is looked up: letters committed before keys were checked at
+    staging may hold keys that staging refuses today, and must still be resolvable."""
+    if not idempotency_key:
+        raise InvalidArgument("idempotency_key is required")
+    if reason_required and not reason.strip():
+        raise InvalidArgument("reason is required: say why the effect is dropped (it goes "
+                              "into the audit log)")
+    if _bytes(reason) > MAX_REASON_BYTES:
+        raise InvalidArgument(f"reason is {_bytes(reason)} bytes; the limit is "
+                              f"{MAX_REASON_BYTES}")

@@ -34,11 +34,16 @@ percent-encoded so that no user-supplied key can reach outside its own subtree.
 from __future__ import annotations
 
 import json
+import re
 from urllib.parse import quote, unquote
 
 # Operations reserved in every commit transaction besides the write set: the header
 # compare and delete, the transaction-prefix delete, the touch key and slack.
 COMMIT_RESERVED_OPS = 8
+
+
+# `<owner>/<key>`, each percent-encoded by `_q` (unreserved characters and %XX only).
+_TOKEN = re.compile(r"[A-Za-z0-9_.~%-]+/[A-Za-z0-9_.~%-]+")
 
 
 def _q(text: str) -> str:
@@ -165,6 +170,24 @@ class Keys:
 
     def dead_letters_prefix(self) -> bytes:
         return self._k("deadletters", "")
+
+    def dead_letter_parts(self, key: bytes) -> tuple[str, str]:
+        """(owner, idempotency key) of a dead letter's etcd key (owner "" without
+        authentication)."""
+        owner, _, idem = key[len(self.dead_letters_prefix()):].decode().partition("/")
+        return ("" if owner == "-" else unquote(owner)), unquote(idem)
+
+    def dead_letter_token(self, key: bytes) -> str:
+        """A dead letter's place in the listing, as ListDeadLetters' page token: its key
+        below the dead letters' prefix (percent-encoded parts, so printable ASCII)."""
+        return key[len(self.dead_letters_prefix()):].decode()
+
+    def dead_letters_after(self, token: str) -> bytes:
+        """Where the page after `token` starts. ValueError for a token this layout never
+        produced."""
+        if not _TOKEN.fullmatch(token):
+            raise ValueError("not a dead letter page token")
+        return self.dead_letters_prefix() + token.encode() + b"\x00"
 
 
     # cluster

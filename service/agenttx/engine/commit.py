@@ -9,9 +9,12 @@ then compensated (fs writes and sagas undone, effects discarded) and ended, and 
 call answers ABORTED. A CAS that times out is never retried: the header is re-read to
 decide (gone = applied).
 
-Staged effects enter the outbox in the commit's own etcd transaction and are
-delivered during the call; their idempotency keys stay reserved for the retention
-window (SPEC §6) on a shared lease (`RetentionLease`).
+Staged effects enter the outbox in the commit's own etcd transaction, as typed
+`OutboxEntry` records (contracts.outbox) claimed by this replica, and are delivered
+during the call from those very records (never re-read or decoded): the engine hands
+them to whatever `OutboxDispatcher` it was given, without importing the effects
+package. Their idempotency keys stay reserved for the retention window on a shared lease
+(`RetentionLease`).
 """
 
 from __future__ import annotations
@@ -19,10 +22,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 from .. import failpoints
 from ..contracts.layout import Keys, describe_data_key
+from ..contracts.outbox import (
+    DEFERRED_CHANNEL,
+    OutboxEntry,
+    deferred_entry,
+    effect_entry,
+    encode_entry,
+)
 from ..errors import Conflict, FailedPrecondition, NotFound, StoreUnavailable
 from ..observability.context import note
 from ..observability.metrics import METRICS
@@ -31,7 +42,7 @@ from .cache import DataCache, TxCache, TxState
 from .model import Caller, CommitOutcome
 from .ops import CommitSnapshot, commit_plan, is_data_key
 from .snapshot import Loader, not_found
-from .state import to_json
+from .state import StagedEffect, TxHeader, to_json
 from .steps import require_active, require_owner
 from .undo import Stale, Target, Undoer
 
@@ -78,9 +89,43 @@ class RetentionLease:
             await asyncio.sleep(max(0.5, self.bucket_s * 0.1))
 
 
+class OutboxDispatcher(Protocol):
+    """What the commit needs of the effects dispatcher (effects.outbox.Dispatcher): who
+    claims the entries it writes, for how long, and the delivery right after commit."""
+
+    replica_id: str
+    claim_s: float
+
+    async def deliver_committed(self, entries: Sequence[tuple[bytes, int, OutboxEntry]]
+                                ) -> tuple[int, list[str]]: ...
+
+
+def outbox_entries(keys: Keys, header: TxHeader, effects: Sequence[StagedEffect], *,
+                   now: float, claimed_by: str = "", claim_s: float = 0.0
+                   ) -> list[tuple[bytes, OutboxEntry]]:
+    """The outbox entries a commit writes, one per staged effect in step order (seq from
+    1), owned by the transaction's principal. Claimed by `claimed_by` (the committing
+    replica) until `now + claim_s`, so the background dispatcher leaves them to its
+    commit-time delivery meanwhile."""
+    out: list[tuple[bytes, OutboxEntry]] = []
+    for seq, e in enumerate(effects, 1):
+        if e.channel.startswith(DEFERRED_CHANNEL):  # a toolset call (docs/toolsets.md)
+            doc = e.payload if isinstance(e.payload, dict) else {}
+            entry = deferred_entry(e.channel[len(DEFERRED_CHANNEL):], str(doc.get("name")),
+                                   doc.get("arguments"), e.idempotency_key, header.id, seq,
+                                   now=now, owner=header.principal, claimed_by=claimed_by,
+                                   claim_s=claim_s)
+        else:
+            entry = effect_entry(e.channel, e.payload, e.idempotency_key, header.id, seq,
+                                 now=now, owner=header.principal, claimed_by=claimed_by,
+                                 claim_s=claim_s)
+        out.append((keys.outbox(header.id, seq), entry))
+    return out
+
+
 class Committer:
     def __init__(self, *, store: KeyValueStore, keys: Keys, loader: Loader, undoer: Undoer,
-                 txs: TxCache, data: DataCache, dispatcher: Any,
+                 txs: TxCache, data: DataCache, dispatcher: OutboxDispatcher | None,
                  retention: RetentionLease) -> None:
         self.store, self.keys, self.loader, self.undoer = store, keys, loader, undoer
         self.txs, self.data, self.dispatcher, self.retention = txs, data, dispatcher, retention
@@ -114,9 +159,13 @@ class Committer:
     async def _commit(self, state: TxState) -> CommitOutcome:
         h = state.header
         effects = [e for step in sorted(state.effects) for e in state.effects[step]]
-        outbox = [self._outbox_entry(h.id, seq, e) for seq, e in enumerate(effects, 1)]
+        d = self.dispatcher
+        outbox = outbox_entries(self.keys, h, effects, now=time.time(),
+                                claimed_by=d.replica_id if d is not None else "",
+                                claim_s=d.claim_s if d is not None else 0.0)
         lease = await self.retention.lease_id() if effects else 0
-        snap = CommitSnapshot(h, state.rev, dict(state.entries), effects, outbox)
+        snap = CommitSnapshot(h, state.rev, dict(state.entries), effects,
+                              [(key, encode_entry(entry)) for key, entry in outbox])
         plan = commit_plan(self.keys, snap, reservation_lease=lease)
         steps = h.next_step_id - 1
         try:
@@ -130,8 +179,8 @@ class Committer:
             self._remember_writes(state, res.revision)
             METRICS.transactions_ended.labels("committed").inc()
             note(steps=steps, effects=len(effects))
-            dispatched, errors = await self._dispatch([(k, res.revision) for k, _ in outbox],
-                                                      dict(outbox))
+            dispatched, errors = await self._dispatch(
+                [(key, res.revision, entry) for key, entry in outbox])
             return CommitOutcome(True, steps, dispatched, errors)
         current = res.first(0)
         if current is None:
@@ -149,12 +198,6 @@ class Committer:
         raise Conflict(
             f"commit aborted: {why} (another transaction committed it after transaction "
             f"{h.id} first read or wrote it); the transaction was compensated and ended")
-
-    def _outbox_entry(self, tx_id: str, seq: int, effect: Any) -> tuple[bytes, bytes]:
-        from ..effects.channels import Effect
-
-        return self.dispatcher.entry_for(  # type: ignore[no-any-return]
-            Effect(effect.channel, effect.payload, effect.idempotency_key, tx_id), seq)
 
     def _remember_writes(self, state: TxState, revision: int) -> None:
         for dk, entry in state.entries.items():
@@ -217,15 +260,15 @@ class Committer:
                                  if had_effects else [])
         raise FailedPrecondition(f"transaction {h.id} was changed concurrently")
 
-    async def _dispatch(self, entries: list[tuple[bytes, int]],
-                        values: dict[bytes, bytes]) -> tuple[int, list[str]]:
-        """Deliver what the commit just put in the outbox: one etcd write per delivered
-        effect retires its entry (a confirmed delivery is never repeated)."""
+    async def _dispatch(self, entries: list[tuple[bytes, int, OutboxEntry]]
+                        ) -> tuple[int, list[str]]:
+        """Deliver what the commit just put in the outbox (key, the commit's revision, the
+        entry as written): one etcd write per delivered effect retires its entry (a
+        confirmed delivery is never repeated)."""
         if not entries or self.dispatcher is None:
             return 0, []
         try:
-            return await self.dispatcher.deliver_committed(  # type: ignore[no-any-return]
-                entries, values)
+            return await self.dispatcher.deliver_committed(entries)
         except Exception as exc:  # delivery never fails a commit that applied
             log.exception("dispatch after commit failed")
             return 0, [f"dispatch deferred to background: {type(exc).__name__}"]

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..contracts.layout import Keys
+from ..contracts.outbox import reservation_value
 from ..store.ops import (
     Compare,
     Delete,
@@ -60,10 +61,6 @@ class TxnPlan:
 def is_data_key(data_key: bytes) -> bool:
     """Committed data (kv, records) as opposed to an fs pseudo-key."""
     return not data_key.startswith(b"fs:")
-
-
-def reservation_value(tx_id: str, step_id: int, state: str) -> bytes:
-    return to_json({"tx": tx_id, "step": step_id, "state": state})
 
 
 # ---- a step that applied -------------------------------------------------------------

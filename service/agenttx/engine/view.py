@@ -30,6 +30,7 @@ from typing import Any
 
 from ..args.jsonargs import dumps
 from ..contracts.layout import Keys, encode_id, fs_id
+from ..contracts.outbox import idempotency_key_problem
 from ..store.ops import KeyValue
 from ..tools.base import ToolError
 from . import sandbox
@@ -242,6 +243,10 @@ class StepView:
         if channel not in names:
             raise ToolError(f'channel "{channel}" does not exist; configured channels: '
                             f"{', '.join(names)}", argument="channel")
+        if idempotency_key:  # absent or empty: generate one (docs/tools.md)
+            problem = idempotency_key_problem(idempotency_key)
+            if problem is not None:
+                raise ToolError(f"idempotency_key: {problem}", argument="idempotency_key")
         return self._stage(channel, payload, idempotency_key)
 
     def stage_deferred(self, channel: str, payload: Any) -> str:

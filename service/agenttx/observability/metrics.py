@@ -7,8 +7,8 @@ metric cannot silently leave a dashboard panel empty.
 Label values are bounded by construction: `rpc` is a method name, `code` a gRPC code
 name, `tool` a registered tool name (anything else is `unknown`), `strategy`, `status`,
 `operation`, `channel` and `role` come from closed sets. Never a transaction or agent id.
-Gauges computed by a leader (open transactions, outbox depth) are 0 on other replicas,
-so dashboards aggregate them with `max`.
+Gauges computed by a leader (open transactions, outbox depth, dead letters) are 0 on
+other replicas, so dashboards aggregate them with `max`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ ETCD_OPERATIONS = ("begin", "step", "load", "commit", "rollback", "get", "list",
                    "reaper", "outbox", "lease", "policy", "auth", "other")
 TX_OUTCOMES = ("committed", "conflict", "aborted", "failed", "expired")
 ROLES = ("dispatcher", "reaper")
-DELIVERY_RESULTS = ("delivered", "failed")
+# delivered: the receiver confirmed; failed: a transient failure, retried with backoff;
+# refused: a permanent refusal, moved to the dead letters (effects.delivery).
+DELIVERY_RESULTS = ("delivered", "failed", "refused")
 
 # Latency buckets for a service whose floor is ~1-2 ms (one gRPC hop + one etcd write).
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1,
@@ -81,6 +83,10 @@ class Metrics:
         self.outbox_oldest_age = Gauge(
             "agenttx_outbox_oldest_age_seconds", "Age of the oldest undelivered effect "
             "(dispatcher leader; 0 elsewhere).", registry=r)
+        self.dead_letters = Gauge(
+            "agenttx_effects_dead_letters", "Deliveries refused permanently and kept as dead "
+            "letters until an admin retries or discards them (dispatcher leader; 0 "
+            "elsewhere).", registry=r)
         self.delivery_attempts = Counter(
             "agenttx_effect_delivery_attempts_total", "Effect delivery attempts, by channel.",
             ["channel"], registry=r)
@@ -135,6 +141,7 @@ EXPORTED = frozenset({
     "agenttx_cas_conflicts_total", "agenttx_transactions_ended_total",
     "agenttx_open_transactions", "agenttx_transactions_awaiting_rollback",
     "agenttx_outbox_depth", "agenttx_outbox_oldest_age_seconds",
-    "agenttx_effect_delivery_attempts_total", "agenttx_effect_deliveries_total",
+    "agenttx_effects_dead_letters", "agenttx_effect_delivery_attempts_total",
+    "agenttx_effect_deliveries_total",
     "agenttx_leader",
 })

@@ -251,16 +251,18 @@ class Store:
         return {k: res.first(i) for i, k in enumerate(wanted)}
 
     async def pages(self, prefix: bytes, *, start: bytes | None = None,
-                    page_size: int = PAGE_SIZE, what: str = "read"
+                    page_size: int = PAGE_SIZE, what: str = "read", keys_only: bool = False
                     ) -> AsyncIterator[list[KeyValue]]:
         """The keys of `prefix` (from `start` on) in pages of `page_size`, all read at the
-        revision of the first page, so the pages form one consistent snapshot."""
+        revision of the first page, so the pages form one consistent snapshot. With
+        `keys_only` the values are not sent (each KeyValue's value is b"")."""
         end = prefix_end(prefix)
         key = start or prefix
         revision = 0
         await self.client.connect()
         while True:
-            req = rpc.RangeRequest(key=key, range_end=end, limit=page_size, revision=revision)
+            req = rpc.RangeRequest(key=key, range_end=end, limit=page_size, revision=revision,
+                                   keys_only=keys_only)
             resp = await self._round_trip(what, self.client.kvstub.Range, req, timeout=self.timeout)
             if not revision:
                 revision = int(resp.header.revision)

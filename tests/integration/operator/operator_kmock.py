@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from agenttx.contracts.layout import Keys
 from agenttx.contracts.policy import PublishedPolicy, parse_published_policy
 from agenttx.store.client import Store
-from agenttx_operator import jwks, main, reconcile
+from agenttx_operator import jwks, main, sandboxes
 from agenttx_operator.config import OperatorConfig
 from agenttx_operator.kube import Credentials
 
@@ -432,7 +432,7 @@ def mounted(api: ApiServer, ns: str, name: str) -> bool:
     """Whether the service Deployment's pod template mounts the policy's sandbox claim."""
     dep = got(api, DEPLOYMENTS, SERVICE_NS, "agenttx")
     volumes = dep["spec"]["template"]["spec"].get("volumes") or []
-    claim = reconcile.claim_name(ns, name)
+    claim = sandboxes.claim_name(ns, name)
     return any((v.get("persistentVolumeClaim") or {}).get("claimName") == claim for v in volumes)
 
 
@@ -454,6 +454,6 @@ async def bind_claim_and_roll_out(api: ApiServer, ns: str, name: str) -> None:
     between would be of the old generation, and nothing would ever roll out the new one
     (this was the race that made the delete tests flaky)."""
     await eventually(lambda: mounted(api, ns, name), what=f"sandbox of {ns}/{name} mounted")
-    claim = reconcile.claim_name(ns, name)
+    claim = sandboxes.claim_name(ns, name)
     api.objects[PVCS, SERVICE_NS, claim].patch({"status": {"phase": "Bound"}})
     roll_out(api)

@@ -31,7 +31,7 @@ from operator_kmock import (
 
 from agenttx.v1 import agenttx_pb2 as pb
 from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
-from agenttx_operator import reconcile
+from agenttx_operator import sandboxes
 from support.service import ServiceProcess
 
 pytestmark = pytest.mark.kmock(cls=ApiServer)
@@ -102,7 +102,7 @@ async def test_replica_writes_into_the_policy_sandbox(
         await create(api, policy(name, {"priority": 1000, "selector": {"agentIdPrefix": agents},
                                         "sandbox": {"size": "1Gi"}}))
         await eventually(lambda: obj(api, PVCS, "agenttx-system",
-                                     reconcile.claim_name("team-a", name)), what="claim")
+                                     sandboxes.claim_name("team-a", name)), what="claim")
         await bind_claim_and_roll_out(api, "team-a", name)
         await eventually(reason_is(api, name, "Published"), what="Published")
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from agenttx.contracts import policy as engine_policy
-from agenttx_operator import reconcile
+from agenttx_operator import conditions, policy_spec, sandboxes
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CRD_PATH = ROOT / "crds" / "agenttxpolicies.agenttx.io.yaml"
@@ -74,12 +74,12 @@ def test_crd_is_a_valid_apiextensions_v1_object(crd: dict[str, Any]) -> None:
 def test_crd_identity(crd: dict[str, Any]) -> None:
     spec = crd["spec"]
     assert crd["metadata"]["name"] == "agenttxpolicies.agenttx.io"
-    assert spec["group"] == reconcile.GROUP and spec["scope"] == "Namespaced"
+    assert spec["group"] == policy_spec.GROUP and spec["scope"] == "Namespaced"
     assert spec["names"]["kind"] == "AgentTxPolicy"
-    assert spec["names"]["plural"] == reconcile.PLURAL
+    assert spec["names"]["plural"] == policy_spec.PLURAL
     assert "atp" in spec["names"]["shortNames"]
     (version,) = spec["versions"]
-    assert version["name"] == reconcile.VERSION
+    assert version["name"] == policy_spec.VERSION
     assert version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
 
@@ -110,21 +110,21 @@ def test_schema_ranges_are_the_api_ranges(schema: dict[str, Any]) -> None:
     f = rb["replayBudgetFactor"]
     assert (f["minimum"], f["maximum"]) == (engine_policy.FACTOR_MIN, engine_policy.FACTOR_MAX)
     sel = schema["properties"]["spec"]["properties"]["selector"]["properties"]
-    assert sel["agentIdPrefix"]["maxLength"] == reconcile.AGENT_ID_PREFIX_MAX_BYTES
-    assert sel["matchMetadata"]["maxProperties"] == reconcile.MATCH_METADATA_MAX
+    assert sel["agentIdPrefix"]["maxLength"] == policy_spec.AGENT_ID_PREFIX_MAX_BYTES
+    assert sel["matchMetadata"]["maxProperties"] == policy_spec.MATCH_METADATA_MAX
     sandbox = schema["properties"]["spec"]["properties"]["sandbox"]["properties"]
-    assert sandbox["reclaimPolicy"]["enum"] == list(reconcile.RECLAIM_POLICIES)
+    assert sandbox["reclaimPolicy"]["enum"] == list(sandboxes.RECLAIM_POLICIES)
     assert sandbox["reclaimPolicy"]["default"] == "Delete"
-    assert sandbox["accessModes"]["items"]["enum"] == list(reconcile.ACCESS_MODES)
-    assert sandbox["size"]["pattern"] == reconcile.QUANTITY_RE.pattern
+    assert sandbox["accessModes"]["items"]["enum"] == list(sandboxes.ACCESS_MODES)
+    assert sandbox["size"]["pattern"] == sandboxes.QUANTITY_RE.pattern
 
 
 def test_status_declares_what_the_operator_writes(schema: dict[str, Any]) -> None:
-    status = reconcile.build_status(None, generation=1, reason=reconcile.REASON_PUBLISHED,
+    status = conditions.build_status(None, generation=1, reason=conditions.REASON_PUBLISHED,
                                     message="ok", sandbox_claim="ns/c",
                                     now="2030-01-01T00:00:00Z",
-                                    claim_sync=reconcile.ClaimSync(
-                                        False, reconcile.REASON_RESIZE_REFUSED, "refused"))
+                                    claim_sync=conditions.ClaimSync(
+                                        False, conditions.REASON_RESIZE_REFUSED, "refused"))
     assert len(status["conditions"]) == 2
     doc = {"apiVersion": "agenttx.io/v1alpha1", "kind": "AgentTxPolicy",
            "metadata": {"name": "x"}, "spec": {}, "status": status}
@@ -159,7 +159,7 @@ def test_there_are_valid_and_invalid_examples() -> None:
 def test_valid_example_is_accepted(path: pathlib.Path, schema: dict[str, Any]) -> None:
     doc = yaml.safe_load(path.read_text())
     assert schema_errors(doc, schema) == []
-    assert reconcile.validate_spec(doc["spec"]) == []
+    assert policy_spec.validate_spec(doc["spec"]) == []
 
 
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)
@@ -168,7 +168,7 @@ def test_invalid_example_is_rejected_by_the_schema(path: pathlib.Path,
     doc = yaml.safe_load(path.read_text())
     assert schema_errors(doc, schema), f"{path.name} passed the CRD schema"
     # ...and by the operator, for clusters where the schema was bypassed.
-    assert reconcile.validate_spec(doc["spec"]), f"{path.name} passed the operator"
+    assert policy_spec.validate_spec(doc["spec"]), f"{path.name} passed the operator"
 
 
 def test_max_local_depth_17_is_rejected_at_the_field(schema: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ sees only Tools: it imports nothing of the `mcp` SDK.
 
 from ..registry import EVERYONE, Scope
 from .registry import Toolsets
-from .tool import DEFERRED_CHANNEL, CompensationFailed, ToolsetTool
+from .tool import CompensationFailed, ToolsetTool
 from .upstream import Upstream, UpstreamError
 
-__all__ = ["DEFERRED_CHANNEL", "EVERYONE", "CompensationFailed", "Scope", "ToolsetTool",
+__all__ = ["EVERYONE", "CompensationFailed", "Scope", "ToolsetTool",
            "Toolsets", "Upstream", "UpstreamError"]

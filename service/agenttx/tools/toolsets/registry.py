@@ -293,17 +293,15 @@ class Toolsets:
 
     # ---- after commit ----------------------------------------------------------------
 
-    async def deliver(self, toolset_key: str, payload: Any, idempotency_key: str) -> None:
-        """Make a committed deferred call. Raises UpstreamError (its `permanent` says
-        whether retrying can help)."""
+    async def deliver(self, toolset_key: str, tool: str, arguments: Any,
+                      idempotency_key: str) -> None:
+        """Make a committed deferred call (`tool` as the upstream names it). Raises
+        UpstreamError (its `permanent` says whether retrying can help)."""
         active = self._active.get(toolset_key)
         if active is None:
             raise UpstreamError(FDW_ERROR, f"toolset {toolset_key} is not loaded on this "
                                 "replica", permanent=False, maybe_applied=False)
-        if not isinstance(payload, Mapping) or not isinstance(payload.get("tool"), str):
-            raise UpstreamError(FDW_ERROR, "unreadable deferred call", permanent=True,
-                                maybe_applied=False)
-        await active.upstream.call(payload["tool"], payload.get("arguments") or {},
+        await active.upstream.call(tool, arguments if isinstance(arguments, Mapping) else {},
                                    idempotency_key)
 
     async def compensate(self, doc: Any) -> None:

@@ -24,6 +24,7 @@ import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ... import failpoints
+from ...contracts.outbox import DEFERRED_CHANNEL
 from ...contracts.toolsets import ToolSpec, resolve_compensation
 from ..base import OutcomeUnknown, RollbackKind, StagingContext, Tool, ToolError, ToolResult
 from .schema import is_small
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 KIND_ROLLBACK = {"read": RollbackKind.READ_ONLY, "saga": RollbackKind.SAGA,
                  "deferred": RollbackKind.EFFECT}
-DEFERRED_CHANNEL = "toolset:"    # + "<ns>/<name>": never a configured channel's name
 
 
 class CompensationFailed(ToolError):
