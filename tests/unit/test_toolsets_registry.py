@@ -194,3 +194,27 @@ def test_the_toolsets_files_the_docs_show_are_valid() -> None:
     parsed = parse_toolsets_file(block.group(1).encode(), "docs/toolsets.md")
     assert {t.key: [s.kind for s in t.tools] for t in parsed} == {
         "default/tickets": ["saga", "saga", "read"], "default/mail": ["deferred"]}
+
+
+def test_a_staged_deferred_call_becomes_a_deferred_outbox_entry_at_commit() -> None:
+    from agenttx.contracts.outbox import DEFERRED_CHANNEL, decode_entry, encode_entry
+    from agenttx.engine.commit import outbox_entries
+    from agenttx.engine.state import StagedEffect
+
+    keys = Keys("/p")
+    header = TxHeader(id="tx", principal="agent-a", agent_id="a", status=ACTIVE,
+                      policy=TxPolicy(3, 1, 2.0, 900, "/sb", "default"), created_at=1.0,
+                      updated_at=1.0, next_step_id=3)
+    staged = [StagedEffect("log", {"n": 1}, "k1"),
+              StagedEffect(DEFERRED_CHANNEL + "team-a/mail",
+                           {"name": "mail.send_email", "tool": "send_email",
+                            "arguments": {"to": "x@example.com"}}, "k2")]
+    (k1, effect), (k2, deferred) = outbox_entries(keys, header, staged, now=5.0,
+                                                  claimed_by="r1", claim_s=30)
+    assert (k1, k2) == (keys.outbox("tx", 1), keys.outbox("tx", 2))
+    assert (effect.kind, effect.channel, effect.payload) == ("effect", "log", {"n": 1})
+    assert (deferred.kind, deferred.tool, deferred.toolset, deferred.arguments,
+            deferred.idempotency_key, deferred.owner, deferred.claimed_by,
+            deferred.claim_until) == ("deferred", "mail.send_email", "team-a/mail",
+                                      {"to": "x@example.com"}, "k2", "agent-a", "r1", 35.0)
+    assert decode_entry(encode_entry(deferred)) == deferred
