@@ -121,6 +121,13 @@ def test_a_read_step_returns_the_upstreams_structured_content_keyed_by_its_step(
     assert ups.tracker.calls_to("close_ticket", id=made["id"]) == []  # nothing undone
 
 
+def test_a_result_without_structured_content_is_its_text(cluster, ups):
+    agent = Agent(cluster.b.stub)
+    out = agent.ok("tickets.tracker_status", {})
+    opened = sum(1 for t in ups.tracker.state["tickets"].values() if t["status"] == "open")
+    assert out == {"text": f"{opened} open tickets"}
+
+
 def test_a_saga_step_acts_at_once_and_is_undone_once_by_rollback_to_step(cluster, ups):
     agent = Agent(cluster.a.stub)
     made = created(agent, "undo me")

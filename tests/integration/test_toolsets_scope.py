@@ -120,10 +120,16 @@ def test_the_toolsets_file_is_read_again_when_it_changes(svc):
             "arguments": {"id": "${arguments.id}", "text": "${arguments.text}"}}
     changed["toolsets"][0]["spec"]["tools"].append(
         {"name": "add_comment", "kind": "saga", "compensate": undo})
+    # one broken toolset beside it is skipped (logged); it costs the others nothing
+    changed["toolsets"].append({"namespace": "team-a", "name": "broken",
+                                "spec": {"upstream": {"url": "ftp://nowhere"}}})
     svc.file.write_text(yaml.safe_dump(changed))
     try:
         eventually(lambda: "tickets.add_comment" in svc.tools(TOKEN_A), slack(FILE_POLL_S),
                    "the new tool served")
+        assert any(r.get("msg") == "skipping an invalid toolset"
+                   and "toolsets[3] ('broken')" in r.get("error", "")
+                   for r in svc.proc.logs())
         svc.file.write_text("toolsets: [ {namespace: team-a")    # broken: ignored, logged
         eventually(lambda: any(r.get("msg") == "ignoring an invalid --toolsets-file"
                                for r in svc.proc.logs()), slack(FILE_POLL_S), "logged")

@@ -170,15 +170,21 @@ def test_a_toolsets_file_is_yaml_or_json_and_a_broken_one_says_where() -> None:
     as_yaml = ("toolsets:\n  - name: t\n    spec:\n      upstream: {url: "
                f"'{URL}'}}\n      prefix: tickets\n      tools:\n"
                "        - {name: search, kind: read}\n")
-    assert [t.key for t in parse_toolsets_file(json.dumps(doc).encode(), "t.json")] == \
-        ["default/t"]
-    assert [t.key for t in parse_toolsets_file(as_yaml.encode(), "t.yaml")] == ["default/t"]
-    assert parse_toolsets_file(b"", "empty.yaml") == []
+    good, skipped = parse_toolsets_file(json.dumps(doc).encode(), "t.json")
+    assert ([t.key for t in good], skipped) == (["default/t"], [])
+    assert [t.key for t in parse_toolsets_file(as_yaml.encode(), "t.yaml")[0]] == ["default/t"]
+    assert parse_toolsets_file(b"", "empty.yaml") == ([], [])
     with pytest.raises(ToolsetError, match=r"b.yaml: not valid YAML or JSON at line 3 column 1"):
         parse_toolsets_file(b"toolsets:\n  - {name: t\n", "b.yaml")
-    invalid = json.dumps({"toolsets": [{"name": "t", "spec": {"prefix": "kv"}}]}).encode()
-    with pytest.raises(ToolsetError, match=r"toolsets\[0\] \('t'\): spec.upstream"):
-        parse_toolsets_file(invalid, "i.json")
+    with pytest.raises(ToolsetError, match=r"toolsets must be a list"):
+        parse_toolsets_file(b"toolsets: 3\n", "s.yaml")
+    # a broken toolset is skipped, saying why; the others load
+    mixed = {"toolsets": [{"name": "bad", "spec": {"prefix": "kv"}}, doc["toolsets"][0],
+                          doc["toolsets"][0]]}
+    good, skipped = parse_toolsets_file(json.dumps(mixed).encode(), "m.json")
+    assert [t.key for t in good] == ["default/t"]
+    assert skipped[0].startswith("toolsets[0] ('bad'): spec.upstream")
+    assert skipped[1] == "toolsets[2]: default/t is declared more than once"
 
 
 def test_the_toolsets_files_the_docs_show_are_valid() -> None:
@@ -187,11 +193,12 @@ def test_the_toolsets_files_the_docs_show_are_valid() -> None:
     doc = (root / "docs" / "toolsets.md").read_text()
     block = re.search(r"```yaml\n# toolsets.yaml[^\n]*\n(.*?)```", readme, re.S)
     assert block is not None
-    assert [t.key for t in parse_toolsets_file(block.group(1).encode(), "README.md")] == \
+    assert [t.key for t in parse_toolsets_file(block.group(1).encode(), "README.md")[0]] == \
         ["default/tickets"]
     block = re.search(r"```yaml\n(toolsets:.*?)```", doc, re.S)
     assert block is not None
-    parsed = parse_toolsets_file(block.group(1).encode(), "docs/toolsets.md")
+    parsed, skipped = parse_toolsets_file(block.group(1).encode(), "docs/toolsets.md")
+    assert skipped == []
     assert {t.key: [s.kind for s in t.tools] for t in parsed} == {
         "default/tickets": ["saga", "saga", "read"], "default/mail": ["deferred"]}
 

@@ -7,8 +7,9 @@ listen). The file is checked every FILE_POLL_S seconds (a `stat` signature, as t
 files are), so an edit reaches every replica well within 30 s; a Secret-backed header
 file needs no reload at all (its value is read per call, tools/toolsets/upstream.py).
 
-A broken toolset (a file that does not parse, a published record that does not
-validate) is logged and skipped, never fatal; the last good file stays in force.
+A broken toolset (an entry of the file or a published record that does not validate) is
+logged and skipped, never fatal, and costs no other toolset; a file that does not parse
+at all is logged and the toolsets last read from it stay in force.
 """
 
 from __future__ import annotations
@@ -33,21 +34,40 @@ log = logging.getLogger(__name__)
 FILE_POLL_S = 2.0
 
 
-def read_toolsets_file(path: str) -> list[Toolset]:
+def read_toolsets_file(path: str) -> tuple[list[Toolset], list[str]]:
     """Read and parse a toolsets file. Raises ToolsetError / OSError."""
     with open(path, "rb") as f:
         return parse_toolsets_file(f.read(), path)
 
 
-def parse_toolsets_file(raw: bytes, path: str) -> list[Toolset]:
-    """A toolsets file's content (YAML or JSON). Raises ToolsetError saying where."""
+def parse_toolsets_file(raw: bytes, path: str) -> tuple[list[Toolset], list[str]]:
+    """A toolsets file's content (YAML or JSON): the valid toolsets, and why each
+    invalid one is skipped (a broken toolset never costs the others). Raises
+    ToolsetError, saying where, when the file as a whole is unreadable."""
     try:
         doc: Any = json.loads(raw) if raw.lstrip().startswith(b"{") else yaml.safe_load(raw)
     except (ValueError, yaml.YAMLError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         raise ToolsetError(f"{path}: not valid YAML or JSON{where}") from None
-    return parse_file(doc if doc is not None else {})
+    doc = doc if doc is not None else {}
+    entries = doc.get("toolsets") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        parse_file(doc)            # raises, naming what is wrong with the file's shape
+        return [], []
+    good: list[Toolset] = []
+    skipped: list[str] = []
+    for i, entry in enumerate(entries):
+        try:
+            [toolset] = parse_file({**doc, "toolsets": [entry]})
+        except ToolsetError as exc:
+            skipped.append(str(exc).replace("toolsets[0]", f"toolsets[{i}]", 1))
+            continue
+        if any(t.key == toolset.key for t in good):
+            skipped.append(f"toolsets[{i}]: {toolset.key} is declared more than once")
+            continue
+        good.append(toolset)
+    return good, skipped
 
 
 class ToolsetSources:
@@ -82,12 +102,15 @@ class ToolsetSources:
             return False
         self._signature = signature
         try:
-            loaded = await asyncio.to_thread(read_toolsets_file, self.file)
+            loaded, skipped = await asyncio.to_thread(read_toolsets_file, self.file)
         except (OSError, ToolsetError) as exc:
             log.error("ignoring an invalid --toolsets-file",
                       extra={"file": self.file, "error": str(exc),
                              "kept": "the toolsets last read from it"})
             return False
+        for reason in skipped:
+            log.error("skipping an invalid toolset", extra={"file": self.file,
+                                                             "error": reason})
         self.toolsets.set_file(loaded)
         log.info("toolsets file read", extra={"file": self.file,
                                               "toolsets": [t.key for t in loaded]})
