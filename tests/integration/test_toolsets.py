@@ -37,7 +37,7 @@ from agenttx.server import serve
 from agenttx.v1 import agenttx_pb2 as pb
 from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.mcp_upstreams import Upstreams, declaration, mailer, ticket, tracker
-from support.rpc import expect_error, expect_failure, get, output
+from support.rpc import ended, expect_error, expect_failure, get, output
 from support.service import Agent, ServiceProcess
 from support.waiting import eventually, slack
 
@@ -215,7 +215,7 @@ async def test_the_reaper_closes_an_idle_transactions_ticket_once_and_never_send
                    slack(IDLE_S + REAPER_PASS_S), "the reaper's compensation")
     finally:
         short.stop()
-    eventually(lambda: _gone(cluster.a.stub, agent.tx), slack(REAPER_PASS_S),
+    eventually(lambda: ended(cluster.a.stub, agent.tx), slack(REAPER_PASS_S),
                "the idle transaction ended")
     assert await _outbox(store, cluster, agent.tx) == []       # the mail can never be sent
     assert len(ups.tracker.calls_to("close_ticket", id=made["id"])) == 1
@@ -227,12 +227,6 @@ async def _outbox(store, cluster: Cluster, tx: str) -> list:
     return await store.get_prefix(cluster.keys.outbox_prefix() + f"{tx}/".encode())
 
 
-def _gone(stub, tx: str) -> bool:
-    try:
-        stub.GetTransaction(pb.GetTransactionRequest(transaction_id=tx), timeout=10)
-    except grpc.RpcError as exc:
-        return exc.code() == grpc.StatusCode.NOT_FOUND
-    return False
 
 
 async def test_a_deferred_call_is_made_once_after_commit_with_its_staged_key(cluster, ups,

@@ -19,7 +19,7 @@ import pytest
 
 from agenttx.v1 import agenttx_pb2 as pb
 from support.mcp_upstreams import Upstreams, declaration, mailer, ticket, tracker
-from support.rpc import expect_error, get
+from support.rpc import ended, expect_error, get
 from support.service import Agent, ServiceProcess
 from support.waiting import eventually, slack
 
@@ -147,15 +147,9 @@ def test_the_reaper_compensates_an_idle_transaction_left_by_a_dead_replica_once(
     # nobody calls: the survivor's reaper finds the idle transaction and its intent
     eventually(lambda: ups.tracker.calls_to("delete_comment", id=made["id"]),
                slack(LEADER_TTL_S + IDLE_S + REAPER_PASS_S), "the reaper's compensation")
-    eventually(lambda: _gone(setup.survivor.stub, agent.tx), slack(REAPER_PASS_S),
+    eventually(lambda: ended(setup.survivor.stub, agent.tx), slack(REAPER_PASS_S),
                "the idle transaction aborted")
     assert ticket(ups.tracker, made["id"])["comments"] == []
     assert len(ups.tracker.calls_to("delete_comment", id=made["id"])) == 1
 
 
-def _gone(stub, tx: str) -> bool:
-    try:
-        stub.GetTransaction(pb.GetTransactionRequest(transaction_id=tx), timeout=10)
-    except grpc.RpcError as exc:
-        return exc.code() == grpc.StatusCode.NOT_FOUND
-    return False
