@@ -128,6 +128,16 @@ def test_a_result_without_structured_content_is_its_text(cluster, ups):
     assert out == {"text": f"{opened} open tickets"}
 
 
+def test_an_answer_too_large_to_be_an_output_is_refused_unread(cluster, ups):
+    agent = Agent(cluster.b.stub)
+    ups.tracker.control.padding = 9 * 1024 * 1024
+    try:
+        resp = agent.step("tickets.tracker_status", {})
+    finally:
+        ups.tracker.control.padding = 0
+    expect_failure(resp, "fdw_error", "with more than 8 MiB")
+
+
 def test_a_saga_step_acts_at_once_and_is_undone_once_by_rollback_to_step(cluster, ups):
     agent = Agent(cluster.a.stub)
     made = created(agent, "undo me")

@@ -46,6 +46,9 @@ FILE, PUBLISHED = "file", "published"
 # A step that names a tool its cached listing lacks refetches the listing, at most this
 # often (the upstream may have added it since).
 MISSING_TOOL_REFETCH_S = 5.0
+# ListTools does not wait for an upstream whose listing failed this recently (it shows the
+# tools with what the toolset declares; a step asks the upstream again).
+LISTING_RETRY_S = 10.0
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Active:
     tools: dict[str, ToolsetTool]
     listing: Listing | None = None
     fetching: asyncio.Task[Listing] | None = field(default=None, repr=False)
+    failed_at: float = -LISTING_RETRY_S
 
     async def fetch_listing(self) -> Listing:
         """The upstream's tools/list, fetched once however many callers wait for it."""
@@ -200,12 +204,14 @@ class Toolsets:
     async def _refresh_one(self, active: Active) -> None:
         try:
             await active.fetch_listing()
+            return
         except UpstreamError as exc:
-            log.warning("toolset upstream did not list its tools",
-                        extra={"toolset": active.toolset.key, "error": exc.message})
+            error = exc.message
         except Exception as exc:  # a broken upstream must not take anything else down
-            log.warning("toolset upstream did not list its tools", extra={
-                "toolset": active.toolset.key, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        active.failed_at = time.monotonic()
+        log.warning("toolset upstream did not list its tools",
+                    extra={"toolset": active.toolset.key, "error": error})
 
     def _retire(self, active: Active) -> None:
         if any(a.upstream is active.upstream for a in self._active.values()):
@@ -273,7 +279,9 @@ class Toolsets:
     async def describe(self, scope: Scope) -> list[ToolDescription]:
         """ListTools' entries for the toolsets in scope (listings fetched if missing)."""
         visible = [a for a in self._active.values() if self._visible(a, scope)]
-        await asyncio.gather(*(self._refresh_one(a) for a in visible if a.listing is None))
+        now = time.monotonic()
+        await asyncio.gather(*(self._refresh_one(a) for a in visible if a.listing is None
+                               and now - a.failed_at >= LISTING_RETRY_S))
         out: list[ToolDescription] = []
         for name in self.names(scope):
             tool = self.tool(name, scope)

@@ -64,6 +64,9 @@ CLIENT_INFO = Implementation(name="agenttx", version="0.1.0")
 # atomically; stat follows the symlink, so the next stat after a rotation sees it).
 HEADER_RECHECK_S = 1.0
 _MAX_PAGES = 100
+# An answer is read whole only up to this (twice what any step answer may carry, engine
+# limits): a larger one could not be a step's output anyway, and must not cost memory.
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
 
 FDW_ERROR = "fdw_error"
 FDW_UNREACHABLE = "fdw_unable_to_establish_connection"
@@ -96,6 +99,7 @@ class _CallRecord:
     status: int | None = None
     error: str | None = None
     sent: bool = False          # a request body may have reached the upstream
+    too_large: bool = False     # the answer exceeded MAX_ANSWER_BYTES
 
 
 _CALL: contextvars.ContextVar[_CallRecord | None] = contextvars.ContextVar(
@@ -125,12 +129,22 @@ class _Transport(httpx2.AsyncBaseTransport):
                 record.status = response.status_code
             if response.headers.get("content-type", "").startswith("text/event-stream"):
                 return response  # the SDK reads SSE streams itself and survives their errors
+            chunks, size = [], 0
             try:
-                body = await response.aread()
+                async for chunk in response.aiter_bytes():  # decoded
+                    size += len(chunk)
+                    if size > MAX_ANSWER_BYTES:
+                        if record is not None:
+                            record.too_large = True
+                        return httpx2.Response(502, request=request, content=b"")
+                    chunks.append(chunk)
             finally:
                 await response.aclose()
-            return httpx2.Response(response.status_code, headers=response.headers,
-                                   content=body, request=request)
+            headers = [(k, v) for k, v in response.headers.multi_items()
+                       if k.lower() not in ("content-encoding", "transfer-encoding",
+                                            "content-length")]
+            return httpx2.Response(response.status_code, headers=headers,
+                                   content=b"".join(chunks), request=request)
         except httpx2.TransportError as exc:
             if record is not None:
                 record.sent = record.sent or not isinstance(exc, _NOT_SENT)
@@ -257,7 +271,8 @@ class Upstream:
     async def _own(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
         """Hold one SDK session open until `stop` (or until it breaks)."""
         try:
-            async with Client(streamable_http_client(self.url, http_client=self._http),
+            async with Client(streamable_http_client(self.url, http_client=self._http,
+                                                     max_sse_event_size=MAX_ANSWER_BYTES),
                               mode="auto", client_info=CLIENT_INFO,
                               read_timeout_seconds=self.timeout_s, cache=None) as client:
                 ready.set_result(client)
@@ -380,6 +395,10 @@ class Upstream:
         raise AssertionError("unreachable")
 
     def _classify(self, exc: MCPError, record: _CallRecord, what: str) -> UpstreamError:
+        if record.too_large:
+            return UpstreamError(FDW_ERROR, f"{self.label} answered {what} with more than "
+                                 f"{MAX_ANSWER_BYTES // (1024 * 1024)} MiB", permanent=True,
+                                 maybe_applied=True)
         if exc.code == REQUEST_TIMEOUT:
             return UpstreamError(FDW_UNREACHABLE, f"{self.label} did not answer {what} within "
                                  f"{self.timeout_s:g}s", permanent=False, maybe_applied=True)
