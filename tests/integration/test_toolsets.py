@@ -39,7 +39,7 @@ from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.mcp_upstreams import Upstreams, declaration, mailer, ticket, tracker
 from support.rpc import ended, expect_error, expect_failure, get, output
 from support.service import Agent, ServiceProcess
-from support.waiting import eventually, slack
+from support.waiting import eventually, eventually_async, slack
 
 TIMEOUT_S = 2.0          # the toolsets' timeoutSeconds
 POLL_S = 0.2             # the replicas' --effect-poll-s
@@ -279,6 +279,30 @@ async def test_a_deferred_call_is_never_made_after_a_rollback_an_abort_or_a_conf
     for tx in (rolled.tx, aborted.tx, loser.tx):      # nothing left that could be sent
         assert await _outbox(store, cluster, tx) == []
     assert [c for c in ups.mailer.calls if c.arguments.get("subject") in subjects] == []
+
+
+async def test_a_deferred_call_to_an_upstream_that_is_down_is_retried_until_it_is_back(
+        cluster, ups, store):
+    agent = Agent(cluster.a.stub)
+    subject = title("retried")
+    key = agent.ok("mail.send_email", {"to": "x@example.com",
+                                       "subject": subject})["idempotency_key"]
+    ups.mailer.down()
+    try:
+        commit = agent.commit()
+        assert commit.committed and commit.effects_dispatched == 0
+        [error] = commit.dispatch_errors
+        assert "refused the connection" in error
+        assert len(await _outbox(store, cluster, agent.tx)) == 1      # kept, to be retried
+    finally:
+        ups.mailer.up()
+    eventually(lambda: ups.mailer.calls_to("send_email", subject=subject),
+               slack(POLL_S + 1), "the retried call made once the mailer is back")
+    async def retired() -> bool:
+        return await _outbox(store, cluster, agent.tx) == []
+    await eventually_async(retired, slack(POLL_S + 1), "its outbox entry retired")
+    [sent] = ups.mailer.calls_to("send_email", subject=subject)
+    assert sent.key == key
 
 
 def test_a_deferred_call_the_upstream_refuses_becomes_a_dead_letter_and_a_retry_sends_it(
