@@ -127,6 +127,17 @@ class Settings(BaseSettings):
                                      "kept after it ends; an open transaction's is kept "
                                      "while it is open")
 
+    # ---- toolsets (docs/toolsets.md) --------------------------------------------------------
+    toolsets_file: str | None = Field(None, description="YAML/JSON file of toolsets (MCP "
+                                      "servers whose tools join transactions), for use without "
+                                      "Kubernetes; re-read when it changes")
+    toolset_max_connections: int = Field(16, ge=1, le=1024, description="HTTP connections "
+                                         "each toolset's upstream MCP server may get from this "
+                                         "replica")
+    toolsets_refresh_s: float = Field(300.0, gt=0, description="how often each toolset's "
+                                      "upstream tools/list (descriptions, input schemas) is "
+                                      "fetched again")
+
     # ---- observability (docs/operations.md) ----------------------------------------------
     metrics_listen: str = Field("", description="host:port for Prometheus /metrics "
                                 "(empty = off)")

@@ -14,6 +14,7 @@ a node failure looks like); `sleep(<seconds>)` pauses, to widen race windows. Po
     undo.after_intent        undo intent committed, files not yet restored
     undo.after_restore       files restored, state not yet committed
     commit.after_txn         commit applied in etcd, effects not yet delivered
+    toolset.saga.after_call  a toolset saga call answered, its step not yet recorded
 """
 
 from __future__ import annotations

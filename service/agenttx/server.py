@@ -31,6 +31,7 @@ from .config import Settings
 from .contracts.layout import Keys
 from .effects.channels import ChannelRegistry
 from .effects.deadletters import DeadLetters
+from .effects.deferred import deferred_delivery
 from .effects.outbox import Dispatcher
 from .embedded_etcd import DataDirLock, EmbeddedEtcd, StartAborted
 from .engine.engine import Engine
@@ -42,8 +43,10 @@ from .store.client import Store, connect
 from .store.lease import LeaseKeeper
 from .tasks import BackgroundTasks
 from .tools.registry import ToolRegistry
+from .tools.toolsets import Toolsets
 from .workers.policies import PolicyCache
 from .workers.reaper import Reaper
+from .workers.toolsets import ToolsetSources
 
 log = logging.getLogger(__name__)
 
@@ -223,11 +226,16 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     policies = PolicyCache(store, keys, RollbackSettings(**settings.default_policy.model_dump()),
                            settings.tx_idle_timeout_s, settings.service_namespace)
     channels = ChannelRegistry.from_config(settings.effect_channels)
+    toolsets = Toolsets(service_namespace=settings.service_namespace,
+                        max_connections=settings.toolset_max_connections)
+    tools = ToolRegistry.load()
+    tools.attach(toolsets)
     dispatcher = Dispatcher(store, keys.prefix, channels, replica_id,
                             lease_ttl_s=settings.leader_ttl_s,
                             poll_interval_s=settings.effect_poll_s,
-                            claim_s=settings.effect_claim_s)
-    engine = Engine(store=store, keys=keys, tools=ToolRegistry.load(),
+                            claim_s=settings.effect_claim_s,
+                            deferred=deferred_delivery(toolsets))
+    engine = Engine(store=store, keys=keys, tools=tools,
                     resolve_policy=policies.resolve, default_fs_root=fs_root,
                     replica_id=replica_id, channel_names=channels.names,
                     max_txn_ops=settings.etcd_max_txn_ops,
@@ -238,12 +246,16 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     METRICS.zero_initialise(engine.tools.names(), channels.names())
 
     presence = replica_presence(store, keys, replica_id, settings.replica_ttl_s)
+    toolset_sources = ToolsetSources(store, keys, toolsets, file=settings.toolsets_file,
+                                     refresh_s=settings.toolsets_refresh_s)
     try:
         await policies.load()
         await presence.acquire()
+        await toolset_sources.load()
     except Exception as exc:
         log.warning("etcd not reachable at start-up; serving and retrying in the background",
                     extra={"error": str(exc)})
+    await toolset_sources.start()
     policies.start()
     presence.start()
     reaper = Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s,
@@ -294,6 +306,7 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     await background.stop()
     await channels.aclose()  # the webhook channels' pooled connections
     await policies.stop()
+    await toolset_sources.stop()
     await presence.stop()
     await authenticator.stop()
     tracing.shutdown()

@@ -49,6 +49,7 @@ class Control:
     fail: dict[str, str] = field(default_factory=dict)   # tool -> isError message
     stall_s: dict[str, float] = field(default_factory=dict)  # tool -> seconds
     http_status: int | None = None                        # answer tools/call with this
+    padding: int = 0                                      # tracker_status: extra text bytes
 
 
 class Upstream:
@@ -183,6 +184,13 @@ def _tracker_tools(up: Upstream, server: MCPServer) -> None:
                                "status": t["status"]}
                               for t in tickets.values() if query in t["title"]])
 
+    @server.tool(structured_output=False)
+    async def tracker_status(ctx: Context = None) -> str:  # type: ignore[assignment]
+        """How many tickets are open (plain text, no structured content)."""
+        await up.record("tracker_status", {}, ctx)
+        open_ = sum(1 for t in tickets.values() if t["status"] == "open")
+        return f"{open_} open tickets" + " " * up.control.padding
+
     @server.tool()
     async def add_comment(id: str, text: str, ctx: Context = None) -> Comment:  # type: ignore[assignment]  # noqa: A002
         """Comment on a ticket."""
@@ -267,6 +275,7 @@ def declaration(ups: Upstreams, *, namespace: str = "default", timeout_s: float 
                                 "arguments": {"id": "${arguments.id}",
                                               "text": "${arguments.text}"}}},
                 {"name": "search_tickets", "kind": "read"},
+                {"name": "tracker_status", "kind": "read"},
             ]}},
         {"namespace": namespace, "name": "mail", "spec": {
             "upstream": upstream(ups.mailer), "prefix": "mail",

@@ -224,7 +224,7 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
     async def ListTools(self, request: pb.ListToolsRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext,
                         caller: Caller) -> pb.ListToolsResponse:
-        return convert.tools_response(self.engine.list_tools(caller))
+        return convert.tools_response(await self.engine.list_tools(caller))
 
     # ---- dead letters (admin only) ------------------------------------------------------
 

@@ -8,6 +8,7 @@
                                       observed revision (the read set) + buffered write
     <prefix>/tx/<id>/fx/<n:010d>/<i>  effects staged by live step n
     <prefix>/tx/<id>/meta             BeginTransaction.metadata (audit)
+    <prefix>/tx/<id>/intent           a toolset saga call in flight (docs/toolsets.md)
     <prefix>/touch/<id>               last read-only activity (GetTransaction), for the reaper
     <prefix>/hist/<id>/h              how an ended transaction ended (GetTransactionHistory)
     <prefix>/hist/<id>/s/<seq:010d>   one entry per step sent, failed attempts included
@@ -81,6 +82,11 @@ class Keys:
 
     def tx_meta(self, tx_id: str) -> bytes:
         return self._k("tx", tx_id, "meta")
+
+    def saga_intent(self, tx_id: str) -> bytes:
+        """What a toolset saga call in flight is doing (arguments, idempotency key,
+        compensation), valid while the header's `SagaPending` names its step."""
+        return self._k("tx", tx_id, "intent")
 
     def tx_touch(self, tx_id: str) -> bytes:
         return self._k("touch", tx_id)

@@ -45,6 +45,11 @@ IDEMPOTENCY_KEY_MAX_CHARS = 200
 IDEMPOTENCY_KEY_RULE = (f"1 to {IDEMPOTENCY_KEY_MAX_CHARS} printable ASCII characters "
                         "(`!` to `~`)")
 
+# A deferred toolset call is staged at step time like an effect, on this pseudo-channel
+# + "<namespace>/<name>" of its toolset (no configured channel can be named so: channel
+# names match [A-Za-z0-9][A-Za-z0-9_.-]*); the commit turns it into a `deferred` entry.
+DEFERRED_CHANNEL = "toolset:"
+
 # last_error is for people; it is kept short so an entry stays small.
 MAX_ERROR_CHARS = 500
 
@@ -122,6 +127,17 @@ def effect_entry(channel: str, payload: Any, idempotency_key: str, transaction_i
     return OutboxEntry(kind=KIND_EFFECT, idempotency_key=idempotency_key,
                        transaction_id=transaction_id, seq=seq, created_at=now, owner=owner,
                        channel=channel, payload=payload, next_attempt_at=now,
+                       claimed_by=claimed_by, claim_until=now + claim_s if claimed_by else 0.0)
+
+
+def deferred_entry(toolset: str, tool: str, arguments: Any, idempotency_key: str,
+                   transaction_id: str, seq: int, *, now: float, owner: str = "",
+                   claimed_by: str = "", claim_s: float = 0.0) -> OutboxEntry:
+    """The entry a commit writes for one staged deferred toolset call (`tool` is the
+    AgentTx name, `<prefix>.<upstream tool>`), claimed like `effect_entry`'s."""
+    return OutboxEntry(kind=KIND_DEFERRED, idempotency_key=idempotency_key,
+                       transaction_id=transaction_id, seq=seq, created_at=now, owner=owner,
+                       tool=tool, toolset=toolset, arguments=arguments, next_attempt_at=now,
                        claimed_by=claimed_by, claim_until=now + claim_s if claimed_by else 0.0)
 
 

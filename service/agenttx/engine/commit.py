@@ -27,7 +27,13 @@ from typing import Protocol
 
 from .. import failpoints
 from ..contracts.layout import Keys, describe_data_key
-from ..contracts.outbox import OutboxEntry, effect_entry, encode_entry
+from ..contracts.outbox import (
+    DEFERRED_CHANNEL,
+    OutboxEntry,
+    deferred_entry,
+    effect_entry,
+    encode_entry,
+)
 from ..errors import Conflict, FailedPrecondition, StoreUnavailable
 from ..observability.context import note
 from ..observability.metrics import METRICS
@@ -103,10 +109,20 @@ def outbox_entries(keys: Keys, header: TxHeader, effects: Sequence[StagedEffect]
     1), owned by the transaction's principal. Claimed by `claimed_by` (the committing
     replica) until `now + claim_s`, so the background dispatcher leaves them to its
     commit-time delivery meanwhile."""
-    return [(keys.outbox(header.id, seq),
-             effect_entry(e.channel, e.payload, e.idempotency_key, header.id, seq, now=now,
-                          owner=header.principal, claimed_by=claimed_by, claim_s=claim_s))
-            for seq, e in enumerate(effects, 1)]
+    out: list[tuple[bytes, OutboxEntry]] = []
+    for seq, e in enumerate(effects, 1):
+        if e.channel.startswith(DEFERRED_CHANNEL):  # a toolset call (docs/toolsets.md)
+            doc = e.payload if isinstance(e.payload, dict) else {}
+            entry = deferred_entry(e.channel[len(DEFERRED_CHANNEL):], str(doc.get("name")),
+                                   doc.get("arguments"), e.idempotency_key, header.id, seq,
+                                   now=now, owner=header.principal, claimed_by=claimed_by,
+                                   claim_s=claim_s)
+        else:
+            entry = effect_entry(e.channel, e.payload, e.idempotency_key, header.id, seq,
+                                 now=now, owner=header.principal, claimed_by=claimed_by,
+                                 claim_s=claim_s)
+        out.append((keys.outbox(header.id, seq), entry))
+    return out
 
 
 class Committer:

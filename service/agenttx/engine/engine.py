@@ -41,7 +41,7 @@ from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.ops import Compare, Get, KeyValueStore, Put, cmp_absent, cmp_exists, prefix_end
 from ..tools.describe import ToolDescription, describe_all
-from ..tools.registry import ToolRegistry
+from ..tools.registry import Scope, ToolRegistry
 from . import history as hist
 from .cache import DataCache, TxCache, TxState
 from .commit import Committer, RetentionLease
@@ -227,7 +227,10 @@ class Engine:
                 require_owner(state, caller)
             state = await self.undoer.settle(state)
             h = state.header
-            if to_step and to_step >= h.next_step_id:
+            # the step a toolset call of unknown outcome was for may be named too
+            # (nothing is live there; the call is what is rolled back)
+            in_flight = h.saga_pending.step_id if h.saga_pending is not None else 0
+            if to_step and to_step >= h.next_step_id and to_step != in_flight:
                 raise InvalidArgument(
                     f"to_step {to_step} is out of range: it must be lower than "
                     f"next_step_id {h.next_step_id} (or 0 to abort)")
@@ -240,7 +243,8 @@ class Engine:
             started = time.perf_counter()
             ending = Ending(ABORTED, caller.principal, reason) if abort else None
             result = await self.undoer.run(state, records,
-                                           Target(to_step or 0, abort, False, ending=ending),
+                                           Target(to_step or 0, abort, False, ending=ending,
+                                                  release_unknown=True),
                                            base=replace(h, updated_at=time.time()))
             note(undone=result.done, errors=result.errors)
             strategy = "manual" if to_step else "abort"
@@ -282,8 +286,8 @@ class Engine:
         h = decode_header(kv.value)
         if h.principal != caller.principal and not caller.admin:
             raise not_found(tx_id)
-        if h.undoing is not None or (h.fs_pending is not None
-                                     and await write_interrupted(tx_id, h.fs_pending)):
+        if h.undoing is not None or (h.saga_pending is not None and h.status == ACTIVE) \
+                or (h.fs_pending is not None and await write_interrupted(tx_id, h.fs_pending)):
             h = await self._settled_header(tx_id, h, kv.mod_revision)
         context = []
         for item in res.kvs(1):
@@ -369,9 +373,14 @@ class Engine:
 
     # ---- tools -----------------------------------------------------------------------------
 
-    def list_tools(self, caller: Caller = ANONYMOUS) -> Sequence[ToolDescription]:
-        """The tools the caller may use, as ListTools shows them."""
-        return describe_all(self.tools)
+    async def list_tools(self, caller: Caller = ANONYMOUS) -> Sequence[ToolDescription]:
+        """The tools the caller may use, as ListTools shows them: built-ins, plug-ins and
+        the toolsets in the caller's scope (docs/toolsets.md)."""
+        out = list(describe_all(self.tools))
+        if self.tools.source is not None:
+            out += await self.tools.source.describe(Scope(caller.authenticated,
+                                                          caller.namespace))
+        return out
 
     # ---- reaper ----------------------------------------------------------------------------
 
@@ -384,6 +393,10 @@ class Engine:
         async with self.txs.locked(tx_id):
             state = await self.loader.for_step(tx_id, (), (), use_cache=False)
             if state.rev != header_rev:
+                return False
+            try:  # a call a dead replica left half-done is finished first
+                state = await self.undoer.settle(state)
+            except (FailedPrecondition, NotFound):
                 return False
             records = await self.loader.records(state, list(reversed(state.header.live)))
             idle = idle_timeout_s or state.header.policy.idle_timeout_s

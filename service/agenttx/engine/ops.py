@@ -117,6 +117,17 @@ def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
     return TxnPlan(compares, success, failure)
 
 
+def intent_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
+                intent: bytes) -> TxnPlan:
+    """The CAS before a toolset saga call: the header with its `SagaPending` marker and
+    what the call is (`tx/<id>/intent`), so a crash between the call and the step's own
+    CAS is found and settled (docs/toolsets.md, "Crash windows")."""
+    hkey = keys.tx_header(header.id)
+    return TxnPlan([cmp_mod(hkey, rev)],
+                   [Put(hkey, encode_header(new_header)), Put(keys.saga_intent(header.id), intent)],
+                   [Get(hkey)])
+
+
 def read_back_keys(header_key: bytes, compares: Sequence[Compare]) -> list[bytes]:
     """The keys a plan's failure branch reads: the header, then each compared key once."""
     out = [header_key]

@@ -102,6 +102,26 @@ class FsPending:
 
 
 @dataclass(frozen=True, slots=True)
+class SagaPending:
+    """A toolset saga call that may have reached its upstream before its step was
+    recorded (docs/toolsets.md, "Crash windows"). Set by one CAS before the call (the
+    call's arguments, idempotency key and compensation are in `tx/<id>/intent`, so the
+    header keeps its constant size), cleared by the step's own CAS. A replica that finds
+    it set once `owner` is gone (or `until` passed) cannot know whether the upstream
+    acted: it compensates from the arguments, or holds the transaction for a manual
+    rollback when the compensation needs the call's output."""
+
+    step_id: int
+    attempt: str
+    owner: str
+    since: float
+    until: float                    # the call cannot still be running after this
+    # a RollbackTransaction was told that this call needs a person (its compensation
+    # needs the call's output); the next one releases it
+    reported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class UndoIntent:
     """A rollback in progress: durable before any file or saga is undone, so a replica
     that dies half-way leaves a plan any replica resumes (undo actions are idempotent).
@@ -140,6 +160,7 @@ class TxHeader:
     undoing: UndoIntent | None = None
     history_seq: int = 0            # history entries written (engine.history): the next key
     history_lease: int = 0          # the lease its history entries are on (0: none yet)
+    saga_pending: SagaPending | None = None
 
     @property
     def live(self) -> range:
@@ -265,6 +286,9 @@ def encode_header(h: TxHeader) -> bytes:
         doc["hs"] = h.history_seq
     if h.history_lease:
         doc["hl"] = h.history_lease
+    if h.saga_pending is not None:
+        g = h.saga_pending
+        doc["sp"] = [g.step_id, g.attempt, g.owner, g.since, g.until, g.reported]
     return to_json(doc)
 
 
@@ -273,6 +297,7 @@ def decode_header(raw: bytes) -> TxHeader:
     po = d["po"]
     fp = d.get("fp")
     un = d.get("un")
+    sp = d.get("sp")
     return TxHeader(
         id=d["id"], principal=d["pr"], agent_id=d["ag"], status=d["st"],
         policy=TxPolicy(int(po[0]), int(po[1]), float(po[2]), int(po[3]), po[4], po[5]),
@@ -284,6 +309,7 @@ def decode_header(raw: bytes) -> TxHeader:
                            tuple(un[8]) if len(un) > 8 else None)  # type: ignore[arg-type]
         if un else None,
         history_seq=d.get("hs", 0), history_lease=d.get("hl", 0),
+        saga_pending=SagaPending(sp[0], sp[1], sp[2], sp[3], sp[4], sp[5]) if sp else None,
     )
 
 

@@ -13,7 +13,10 @@ planner (pure) picks the strategy, and undo.Undoer carries it out.
 
 Custom saga tools change the world inside `execute`, before the CAS, so they never run
 on an assumption: their state is read fresh, and a step whose record does not land is
-compensated (SPEC §3).
+compensated (docs/recovery.md). Toolset saga tools (docs/toolsets.md) instead record a
+durable intent before their call (`_write_intent`, one CAS that also validates the cached
+state), so a call whose step is not recorded is settled from that intent by whichever
+replica finds it (undo.Undoer.settle_saga), never compensated twice.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from ..observability import tracing
 from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.ops import KeyValue
-from ..tools.base import RollbackKind, Tool, ToolError, validate_arguments
-from ..tools.registry import ToolRegistry
+from ..tools.base import OutcomeUnknown, RollbackKind, Tool, ToolError, validate_arguments
+from ..tools.registry import Scope, ToolRegistry
 from . import sandbox
 from .arguments import parse_step_arguments, resolve_step_arguments
 from .cache import DataCache, TxCache, TxState
@@ -48,6 +51,7 @@ from .model import Caller, StepOutcome
 from .ops import (
     StepChanges,
     TxnPlan,
+    intent_plan,
     is_data_key,
     observation_entries,
     step_entries,
@@ -68,12 +72,14 @@ from .state import (
     AWAITING_ROLLBACK,
     Budget,
     FsPending,
+    SagaPending,
     StepRecord,
     Touched,
     TxHeader,
     UndoImage,
     decode_header,
     decode_step,
+    to_json,
 )
 from .undo import Stale, Target, Undoer
 from .view import StepView
@@ -88,6 +94,11 @@ MAX_ATTEMPTS = 8
 def is_custom_saga(tool: Tool | None) -> bool:
     """SAGA tools other than fs.write (whose undo the engine does itself from its record)."""
     return tool is not None and tool.rollback is RollbackKind.SAGA and tool.name != "fs.write"
+
+
+def has_intent(tool: Tool | None) -> bool:
+    """SAGA tools that record a durable intent before acting (toolset sagas)."""
+    return is_custom_saga(tool) and bool(getattr(tool, "durable_intent", False))
 
 
 def require_owner(state: TxState, caller: Caller) -> None:
@@ -121,6 +132,8 @@ class StepRequest:
     ref_steps: set[int]
     raw_context: str
     fresh: bool                      # a custom saga: never run on a cached assumption
+    # the tool names this caller may use (an unknown tool's hint suggests among them)
+    known_tools: Callable[[], list[str]] = list
 
 
 @dataclass
@@ -170,13 +183,17 @@ class Stepper:
 
     async def execute(self, caller: Caller, tx_id: str, step_id: int, tool_name: str,
                       arguments_json: str, raw_context: str) -> StepOutcome:
-        tool = self.tools.get(tool_name)
+        scope = Scope(caller.authenticated, caller.namespace)
+        tool = self.tools.lookup(tool_name, scope)
         parsed, parse_error, references = await parse_step_arguments(arguments_json)
         request = StepRequest(
             caller=caller, tx_id=tx_id, step_id=step_id, tool_name=tool_name, tool=tool,
             arguments_json=arguments_json, parsed=parsed, parse_error=parse_error,
             references=references, ref_steps={r.step for r in references if r.step is not None},
-            raw_context=raw_context, fresh=is_custom_saga(tool))
+            raw_context=raw_context,
+            # an intent's CAS validates the cached state before anything is called
+            fresh=is_custom_saga(tool) and not has_intent(tool),
+            known_tools=lambda: self.tools.names_in(scope))
         note(tx=tx_id, step=step_id, tool=tool_name)
 
         async def load() -> TxState:
@@ -236,13 +253,19 @@ class Stepper:
 
     async def _run(self, request: StepRequest, state: TxState) -> StepOutcome:
         h = state.header
+        nonce = sandbox.new_attempt()
+        tool = request.tool
+
+        async def record_intent(intent: dict[str, Any], timeout_s: float) -> None:
+            await self._write_intent(state, request.step_id, nonce, intent, timeout_s)
+
         view = StepView(keys=self.keys, state=state, data=self.data,
                         fetch=lambda e, d: self.loader.fetch(h.id, e, d),
-                        step_id=request.step_id, attempt=sandbox.new_attempt(),
+                        step_id=request.step_id, attempt=nonce,
                         owner=h.principal, channel_names=self.channel_names,
-                        fresh=request.fresh)
+                        fresh=request.fresh,
+                        record_intent=record_intent if has_intent(tool) else None)
         attempt = Attempt(request, state, view)
-        tool = request.tool
         if tool is not None and tool.name.startswith("fs."):
             await asyncio.to_thread(pathlib.Path(h.policy.fs_root).mkdir, parents=True,
                                     exist_ok=True)
@@ -262,8 +285,11 @@ class Stepper:
             args = validate_arguments(resolution.value, tool.fields)
             attempt.result = await tool.execute(args, view)
             applied = await self._success(attempt, attempt.result.output)
+        except OutcomeUnknown as exc:
+            return await self._outcome_unknown(attempt, exc)
         except ToolError as exc:
-            return await self._failed(attempt, exc.message, exc.argument, exc.data)
+            return await self._failed(attempt, exc.message, exc.argument, exc.data,
+                                      category=exc.category)
         except (Stale, NotFound, FailedPrecondition, StoreUnavailable):
             await view.discard()
             await self._compensate_unrecorded(attempt)
@@ -295,7 +321,7 @@ class Stepper:
         new_header = replace(
             h, next_step_id=request.step_id + 1, attempts=0,
             highest_step=max(h.highest_step, request.step_id), updated_at=now,
-            budget=h.budget.plus(delta),
+            budget=h.budget.plus(delta), saga_pending=None,
             fs_pending=FsPending(request.step_id, view.attempt, self.replica_id, now,
                                  fs.record.target) if fs is not None else None)
         changes = StepChanges(observed=view.observed, entries=entries, assumed=view.assumed,
@@ -444,11 +470,17 @@ class Stepper:
                 "its outcome is unknown: call GetTransaction") from None
         return kv is not None and decode_step(kv.value).attempt == attempt
 
-    async def _compensate_unrecorded(self, attempt: Attempt) -> None:
+    async def _compensate_unrecorded(self, attempt: Attempt, *,
+                                     intent_held: bool = False) -> None:
         """A custom saga already changed the world: if its step is not recorded, undo it
-        now, or the step would have an effect without being live (docs/recovery.md)."""
+        now, or the step would have an effect without being live (docs/recovery.md). A
+        toolset saga is undone here only while this replica still holds its intent and
+        is about to clear it (`intent_held`, a failed step's CAS); otherwise whoever
+        settles the intent undoes it, once."""
         tool = attempt.tool
         if attempt.result is None or not is_custom_saga(tool):
+            return
+        if has_intent(tool) and not intent_held:
             return
         assert tool is not None
         result, attempt.result = attempt.result, None
@@ -459,15 +491,63 @@ class Stepper:
                       extra={"tx": attempt.header.id, "step": attempt.step_id,
                              "tool": tool.name, "error": f"{type(exc).__name__}: {exc}"})
 
+    # ---- toolset saga calls -------------------------------------------------------------
+
+    async def _write_intent(self, state: TxState, step_id: int, attempt: str,
+                            intent: dict[str, Any], timeout_s: float) -> None:
+        """Before a toolset saga call: the header's `SagaPending` marker and the call
+        itself (`tx/<id>/intent`) in ONE CAS. Its compare on the header validates the
+        state the step runs on (a stale cache loses it, and nothing was called). The
+        state object moves to the new revision, so the step's own CAS builds on it."""
+        h = state.header
+        now = time.time()
+        # the call cannot outlive this: Upstream bounds it at twice its timeout + 5 s
+        marker = SagaPending(step_id, attempt, self.replica_id, now, now + 2 * timeout_s + 10)
+        new = replace(h, saga_pending=marker, updated_at=now)
+        plan = intent_plan(self.keys, h, state.rev, new,
+                           to_json({**intent, "step": step_id, "attempt": attempt}))
+        res = await self.undoer.send(state, plan, "saga intent")
+        state.header, state.rev = new, res.revision
+
+    async def _outcome_unknown(self, attempt: Attempt, exc: OutcomeUnknown) -> StepOutcome:
+        """A toolset saga call that may have acted (timed out, connection dropped): settle
+        its intent now, as any replica would after a crash. Compensated from its
+        arguments: the step failed like any other (retry first). Not compensable
+        without its output: MANUAL, with the call named in compensation_errors."""
+        await attempt.view.discard()
+        state, step_id = attempt.state, attempt.step_id
+        g = state.header.saga_pending
+        if g is None or (g.step_id, g.attempt) != (step_id, attempt.view.attempt):
+            return await self._failed(attempt, exc.message, exc.argument, exc.data,
+                                      category=exc.category)
+        hint = clean_error(exc.message, category=exc.category)
+        state, errors = await self.undoer.settle_saga(state, hint=hint.hint, reported=True)
+        attempt.state = state
+        if not errors:
+            return await self._failed(attempt, exc.message, exc.argument, exc.data,
+                                      category=exc.category)
+        h = state.header
+        METRICS.child(METRICS.steps, _tool_label(self.tools, attempt.request.tool_name),
+                      "rollback_triggered").inc()
+        METRICS.rollbacks.labels(Strategy.MANUAL.value.lower()).inc()
+        note(status="ROLLBACK_TRIGGERED", category=hint.category,
+             strategy=Strategy.MANUAL.value, compensation_errors=errors)
+        return StepOutcome(status="ROLLBACK_TRIGGERED", next_step_id=h.next_step_id,
+                           constraints=list(h.constraints), clean_hint=hint.hint,
+                           strategy=Strategy.MANUAL, rollback_to_step=h.next_step_id,
+                           error_category=hint.category, compensation_errors=errors)
+
     # ---- a failed step -----------------------------------------------------------------
 
     async def _failed(self, attempt: Attempt, raw: str, argument: str | None,
-                      data: str | None, *, rebuild_view: bool = False) -> StepOutcome:
+                      data: str | None, *, rebuild_view: bool = False,
+                      category: str | None = None) -> StepOutcome:
         view, state, step_id = attempt.view, attempt.state, attempt.step_id
         await view.discard()
-        await self._compensate_unrecorded(attempt)
+        await self._compensate_unrecorded(attempt, intent_held=True)
         h = state.header
-        cleaned = clean_error(raw, known_tools=self.tools.names())
+        cleaned = clean_error(raw, known_tools=attempt.request.known_tools(),
+                              category=category)
         constraints = add_constraint(h.constraints, cleaned.hint)
         attempts = h.attempts + 1
         highest = max(h.highest_step, step_id)
@@ -498,7 +578,7 @@ class Stepper:
             error_category=cleaned.category)
         observations = observation_entries(observed, known)
         base = replace(h, constraints=constraints, highest_step=highest, updated_at=time.time(),
-                       fs_pending=None)
+                       fs_pending=None, saga_pending=None)
         request = attempt.request
         tool_label = _tool_label(self.tools, request.tool_name)
         entry = HistoryEntry.of(
