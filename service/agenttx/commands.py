@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from typing import Any
 
@@ -22,11 +23,14 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         if name == "default_policy":
             for sub, subfield in DefaultPolicy.model_fields.items():
+                shown = subfield.get_default(call_default_factory=True)
+                if isinstance(shown, dict):
+                    shown = json.dumps(shown)
                 parser.add_argument(f"--default-policy-{sub.replace('_', '-')}",
                                     dest=f"default_policy__{sub}", default=None,
                                     help=f"{subfield.description} (env "
                                     f"AGENTTX_DEFAULT_POLICY__{sub.upper()}; default "
-                                    f"{subfield.default})")
+                                    f"{shown})".replace("%", "%%"))
             continue
         default = field.default if field.default is not None else "unset"
         if name == "effect_channels":
