@@ -7,8 +7,12 @@
     <prefix>/tx/<id>/key/<data id>    one entry per data key the transaction touched:
                                       observed revision (the read set) + buffered write
     <prefix>/tx/<id>/fx/<n:010d>/<i>  effects staged by live step n
+    <prefix>/tx/<id>/gate/<n:010d>    live step n needs approval: its tool and resolved
+                                      arguments (docs/approvals.md)
     <prefix>/tx/<id>/meta             BeginTransaction.metadata (audit)
     <prefix>/touch/<id>               last read-only activity (GetTransaction), for the reaper
+    <prefix>/approvals/<id>           a pending approval: what ListApprovals shows (written
+                                      with AWAITING_APPROVAL, deleted when it is decided)
     <prefix>/hist/<id>/h              how an ended transaction ended (GetTransactionHistory)
     <prefix>/hist/<id>/s/<seq:010d>   one entry per step sent, failed attempts included
     <prefix>/open/<principal>/<slot>  one of the principal's --max-open-transactions slots
@@ -131,6 +135,24 @@ class Keys:
     def effect(self, tx_id: str, step_id: int, index: int) -> bytes:
         return self._k("tx", tx_id, "fx", f"{step_id:010d}", f"{index:04d}")
 
+    def gates_prefix(self, tx_id: str) -> bytes:
+        return self._k("tx", tx_id, "gate", "")
+
+    def gate(self, tx_id: str, step_id: int) -> bytes:
+        """Live step `step_id` needs approval (its tool matched a glob of the
+        transaction's approval): the tool and its resolved arguments."""
+        return self._k("tx", tx_id, "gate", f"{step_id:010d}")
+
+    # approvals (ListApprovals, DecideApproval)
+    def approval(self, tx_id: str) -> bytes:
+        """The pending approval of a transaction in AWAITING_APPROVAL: written by the
+        commit that asked for it, deleted by whatever ends the wait, so ListApprovals
+        pages through pending approvals only, never through every transaction."""
+        return self._k("approvals", tx_id)
+
+    def approvals_prefix(self) -> bytes:
+        return self._k("approvals", "")
+
     # history (GetTransactionHistory)
     def history_end(self, tx_id: str) -> bytes:
         """How an ended transaction ended; written by the etcd transaction that ends it."""
@@ -245,4 +267,16 @@ def describe_data_key(keys: Keys, key: bytes) -> str:
         return f'kv key "{unquote(parts[2])}"'
     if parts[:2] == ["data", "rec"] and len(parts) == 4:
         return f'row id={unquote(parts[3])} in table "{parts[2]}"'
+    return text
+
+
+def data_id(keys: Keys, key: bytes) -> str:
+    """A committed data key as the engine names data (provenance, approvals' write keys):
+    `kv:<key>` or `rec:<table>:<id as JSON>` (`rec:orders:7`, `rec:orders:"7"`)."""
+    text = key.decode()[len(keys.prefix):]
+    parts = text.strip("/").split("/")
+    if parts[:2] == ["data", "kv"] and len(parts) == 3:
+        return f"kv:{unquote(parts[2])}"
+    if parts[:2] == ["data", "rec"] and len(parts) == 4:
+        return f"rec:{parts[2]}:{unquote(parts[3])}"
     return text

@@ -9,6 +9,8 @@ Layout (contracts.layout):
     tx/<id>/key/<data key> Touched      the transaction's view of one data key: the revision
                                         it observed first (read set) and its buffered write
     tx/<id>/fx/<n>/<i>     StagedEffect an effect staged by live step n
+    tx/<id>/gate/<n>       GatedCall    a live step whose tool needs approval: its tool and
+                                        resolved arguments (docs/approvals.md)
     tx/<id>/meta           metadata     BeginTransaction.metadata (audit only)
     hist/<id>/...          history      kept after the end on shared leases (engine.history,
                                         which has its own records and codec)
@@ -32,8 +34,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contracts.policy import ApprovalSettings, approval_from_spec, approval_to_spec
+
 ACTIVE = "ACTIVE"
 AWAITING_ROLLBACK = "AWAITING_ROLLBACK"
+AWAITING_APPROVAL = "AWAITING_APPROVAL"
 
 
 def to_json(doc: Any) -> bytes:
@@ -70,6 +75,7 @@ class Budget:
     effect_bytes: int = 0
     locks: int = 0           # fs locks held
     context_bytes: int = 0   # raw_context of live steps: GetTransaction's context log
+    gated_bytes: int = 0     # resolved arguments of gated steps (the approval's record)
 
     def plus(self, other: Budget) -> Budget:
         return Budget(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
@@ -83,7 +89,7 @@ class Budget:
 
 def _fields(b: Budget) -> tuple[int, ...]:
     return (b.read_keys, b.write_keys, b.write_bytes, b.effects, b.effect_bytes, b.locks,
-            b.context_bytes)
+            b.context_bytes, b.gated_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +126,16 @@ class UndoIntent:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """The transaction asked for approval at commit (status AWAITING_APPROVAL): what the
+    approver must name (`digest`), and until when (the reaper rejects it then)."""
+
+    digest: str
+    requested_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class TxHeader:
     id: str
     principal: str
@@ -140,6 +156,11 @@ class TxHeader:
     undoing: UndoIntent | None = None
     history_seq: int = 0            # history entries written (engine.history): the next key
     history_lease: int = 0          # the lease its history entries are on (0: none yet)
+    # the effective approval, resolved at begin (None: nothing is gated), and the
+    # namespace of the principal (whose approvers may decide; docs/approvals.md)
+    approval: ApprovalSettings | None = None
+    namespace: str | None = None
+    pending: PendingApproval | None = None
 
     @property
     def live(self) -> range:
@@ -215,6 +236,16 @@ class StagedEffect:
 
 
 @dataclass(frozen=True, slots=True)
+class GatedCall:
+    """tx/<id>/gate/<n>: live step n's tool matched an approval glob; what it was called
+    with (its resolved arguments), for the approver to see and the digest to bind."""
+
+    step_id: int
+    tool: str
+    arguments: Any
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     step_id: int
     tool: str
@@ -265,6 +296,12 @@ def encode_header(h: TxHeader) -> bytes:
         doc["hs"] = h.history_seq
     if h.history_lease:
         doc["hl"] = h.history_lease
+    if h.approval is not None:
+        doc["ap"] = approval_to_spec(h.approval)
+    if h.namespace is not None:
+        doc["ns"] = h.namespace
+    if h.pending is not None:
+        doc["pa"] = [h.pending.digest, h.pending.requested_at, h.pending.expires_at]
     return to_json(doc)
 
 
@@ -273,6 +310,7 @@ def decode_header(raw: bytes) -> TxHeader:
     po = d["po"]
     fp = d.get("fp")
     un = d.get("un")
+    pa = d.get("pa")
     return TxHeader(
         id=d["id"], principal=d["pr"], agent_id=d["ag"], status=d["st"],
         policy=TxPolicy(int(po[0]), int(po[1]), float(po[2]), int(po[3]), po[4], po[5]),
@@ -284,6 +322,9 @@ def decode_header(raw: bytes) -> TxHeader:
                            tuple(un[8]) if len(un) > 8 else None)  # type: ignore[arg-type]
         if un else None,
         history_seq=d.get("hs", 0), history_lease=d.get("hl", 0),
+        approval=approval_from_spec(d["ap"]) if "ap" in d else None,
+        namespace=d.get("ns"),
+        pending=PendingApproval(pa[0], float(pa[1]), float(pa[2])) if pa else None,
     )
 
 
@@ -348,6 +389,15 @@ def decode_context(raw: bytes) -> tuple[str, str]:
     head, _, rest = raw.partition(b":")
     n = int(head)
     return rest[:n].decode(), rest[n:].decode("utf-8", "surrogatepass")
+
+
+def encode_gated(g: GatedCall) -> bytes:
+    return to_json([g.step_id, g.tool, g.arguments])
+
+
+def decode_gated(raw: bytes) -> GatedCall:
+    d = from_json(raw)
+    return GatedCall(int(d[0]), d[1], d[2])
 
 
 def encode_effect(e: StagedEffect) -> bytes:

@@ -64,15 +64,18 @@ from .planner import (
 from .snapshot import Loader, not_found
 from .state import (
     ACTIVE,
+    AWAITING_APPROVAL,
     AWAITING_ROLLBACK,
     Budget,
     FsPending,
+    GatedCall,
     StepRecord,
     Touched,
     TxHeader,
     UndoImage,
     decode_header,
     decode_step,
+    encode_gated,
 )
 from .undo import Stale, Target, Undoer
 from .view import StepView
@@ -84,6 +87,8 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8
 # Arguments larger than this are parsed off the event loop.
 PARSE_INLINE_BYTES = 64 * 1024
+# The built-in whose staged effects an approval's `channel` requirement gates.
+EFFECT_STAGE = "effect.stage"
 
 
 def is_custom_saga(tool: Tool | None) -> bool:
@@ -102,6 +107,12 @@ def require_active(header: TxHeader) -> None:
         raise FailedPrecondition(
             f"transaction {header.id} is waiting for a manual rollback: an undo action "
             "failed; call RollbackTransaction")
+    if header.status == AWAITING_APPROVAL:
+        digest = header.pending.digest if header.pending is not None else ""
+        raise FailedPrecondition(
+            f"transaction {header.id} awaits approval (digest {digest}): no more steps or "
+            "commits; an approver decides it (DecideApproval), or RollbackTransaction "
+            "withdraws it")
     if header.status != ACTIVE:
         raise FailedPrecondition(f"transaction {header.id} is {header.status}")
 
@@ -134,6 +145,7 @@ class Attempt:
     refs: set[int] = field(default_factory=set)
     provenance: dict[str, int] = field(default_factory=dict)
     result: Any = None
+    arguments: Any = None            # resolved (references expanded), once they are
 
     @property
     def header(self) -> TxHeader:
@@ -260,6 +272,7 @@ class Stepper:
                 attempt.refs = set(exc.referenced)
                 raise ToolError(exc.message, argument=exc.argument) from None
             attempt.refs, attempt.provenance = set(resolution.referenced), resolution.provenance
+            attempt.arguments = resolution.value
             args = validate_arguments(resolution.value, tool.fields)
             attempt.result = await tool.execute(args, view)
             applied = await self._success(attempt, attempt.result.output)
@@ -282,6 +295,9 @@ class Stepper:
         known = self._known(state, view)
         entries = step_entries(view.before, view.states, view.observed, known)
         delta = _delta(view, known, entries, request.tool_name, request.raw_context)
+        gated = _gated(h, request.step_id, request.tool_name, attempt.arguments)
+        if gated is not None:
+            delta = replace(delta, gated_bytes=len(encode_gated(gated)))
         fs = view.fs
         record = StepRecord(
             step_id=request.step_id, tool=request.tool_name, attempt=view.attempt,
@@ -307,10 +323,11 @@ class Stepper:
                                 arguments_json=request.arguments_json, output_json=output_json)
         put, new_header = await self.undoer.history.entry(new_header, entry)
         plan = step_plan(self.keys, h, state.rev, new_header, record, request.raw_context,
-                         changes, history=[put])
+                         changes, history=[put], gated=gated)
         message = check_step(self.limits, new_header.budget, step_compares=len(plan.compares),
                              step_ops=len(plan.success), step_bytes=plan.request_bytes,
-                             output_bytes=len(output_json.encode()), constraints=h.constraints)
+                             output_bytes=len(output_json.encode()), constraints=h.constraints,
+                             approval=h.approval is not None)
         if message is not None:
             raise ToolError(message)
         return Applied(record, new_header, changes, plan, output_json)
@@ -558,6 +575,15 @@ def _count_failure(tool_label: str, outcome: StepOutcome) -> None:
     METRICS.rollbacks.labels(outcome.strategy.value.lower()).inc()
     METRICS.rollback_duration.labels(outcome.strategy.value.lower()).observe(
         outcome.rollback_latency_ms / 1000.0)
+
+
+def _gated(header: TxHeader, step_id: int, tool: str, arguments: Any) -> GatedCall | None:
+    """The gated call a step records when its tool needs approval under the
+    transaction's policy (docs/approvals.md). `effect.stage` is judged at commit from its
+    staged effect instead (its channel, or a glob matching `effect.stage`)."""
+    if header.approval is None or tool == EFFECT_STAGE or not header.approval.gates_tool(tool):
+        return None
+    return GatedCall(step_id, tool, arguments)
 
 
 def _tool_label(tools: ToolRegistry, name: str) -> str:

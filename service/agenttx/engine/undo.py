@@ -179,7 +179,7 @@ class Undoer:
         now = time.time()
         if errors:
             new = replace(header, status=AWAITING_ROLLBACK, attempts=0, undoing=None,
-                          fs_pending=None, budget=budget, updated_at=now,
+                          fs_pending=None, pending=None, budget=budget, updated_at=now,
                           next_step_id=min(done) if done else header.next_step_id,
                           replay_used=header.replay_used + (len(done) if target.automatic else 0))
             if failed is not None:  # the step's answer says MANUAL: so does its entry
@@ -205,7 +205,8 @@ class Undoer:
             note(undo_ms=round((time.perf_counter() - started) * 1000, 2))
             return UndoResult([], done, None)
         new = replace(header, status=ACTIVE, next_step_id=target.next_step_id, attempts=0,
-                      undoing=None, fs_pending=None, budget=budget, updated_at=now,
+                      undoing=None, fs_pending=None, pending=None, budget=budget,
+                      updated_at=now,
                       global_resets=header.global_resets if target.global_resets is None
                       else target.global_resets,
                       replay_used=header.replay_used if target.replay_used is None
