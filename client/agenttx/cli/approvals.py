@@ -185,7 +185,7 @@ def _decided(tx: str, d: Decision, out: TextIO, err: TextIO) -> int:
         return exits.OK
     print(f"approved transaction {tx}, but its commit was aborted: another transaction "
           "committed a key it read or wrote since it asked for approval; everything it did "
-          f"was undone (agenttx tx show {tx})", file=err)
+          "was undone and it ended as ABORTED", file=err)
     return exits.INCOMPLETE
 
 

@@ -213,6 +213,8 @@ class Stepper:
 
         def on_stale(stale: Stale, from_cache: bool) -> bool:
             current = stale.header
+            if current is not None and current.status == AWAITING_APPROVAL:
+                require_active(current)  # says that it awaits approval, and what to do
             if current is not None and (current.next_step_id != step_id
                                         or current.status != ACTIVE):
                 raise FailedPrecondition(

@@ -84,6 +84,10 @@ class Metrics:
         self.approvals_pending = Gauge(
             "agenttx_approvals_pending", "Transactions awaiting a person's approval "
             "(reported by the reaper leader; 0 elsewhere).", registry=r)
+        self.approval_oldest_age = Gauge(
+            "agenttx_approval_oldest_pending_seconds", "How long the oldest pending "
+            "approval has waited (reaper leader; 0 elsewhere, and when none is pending).",
+            registry=r)
         self.approval_decisions = Counter(
             "agenttx_approval_decisions_total", "Pending approvals ended, by how: approved, "
             "rejected, expired, withdrawn (rolled back by their owner), conflict (approved, "
@@ -153,7 +157,8 @@ EXPORTED = frozenset({
     "agenttx_etcd_requests_total", "agenttx_etcd_request_duration_seconds",
     "agenttx_cas_conflicts_total", "agenttx_transactions_ended_total",
     "agenttx_open_transactions", "agenttx_transactions_awaiting_rollback",
-    "agenttx_approvals_pending", "agenttx_approval_decisions_total",
+    "agenttx_approvals_pending", "agenttx_approval_oldest_pending_seconds",
+    "agenttx_approval_decisions_total",
     "agenttx_outbox_depth", "agenttx_outbox_oldest_age_seconds",
     "agenttx_effects_dead_letters", "agenttx_effect_delivery_attempts_total",
     "agenttx_effect_deliveries_total",

@@ -72,6 +72,7 @@ class Reaper:
                         METRICS.open_transactions.set(0)
                         METRICS.awaiting_rollback.set(0)
                         METRICS.approvals_pending.set(0)
+                        METRICS.approval_oldest_age.set(0)
                 except asyncio.CancelledError:
                     raise
                 except NotLeader:
@@ -87,6 +88,7 @@ class Reaper:
         their approval timed out)."""
         now = time.time()
         expired = opened = awaiting = pending = 0
+        oldest = 0.0
         pinned: set[int] = set()
         timeout: float
         async for page in self.store.pages(self.keys.headers_prefix(), what="reaper scan"):
@@ -99,6 +101,8 @@ class Reaper:
                 if header.status == AWAITING_APPROVAL:
                     if header.pending is None or now < header.pending.expires_at:
                         pending += 1
+                        if header.pending is not None:
+                            oldest = max(oldest, now - header.pending.requested_at)
                         continue
                     if not self.lease.is_leader:
                         raise NotLeader("reaper term ended mid-sweep")
@@ -130,6 +134,7 @@ class Reaper:
         METRICS.open_transactions.set(opened)
         METRICS.awaiting_rollback.set(awaiting)
         METRICS.approvals_pending.set(pending)
+        METRICS.approval_oldest_age.set(oldest)
         return expired
 
     async def sweep_temp_files(self) -> int:
