@@ -92,11 +92,11 @@ class Requirement:
 
     def __post_init__(self) -> None:
         if self.kind not in REQUIREMENT_KINDS:
-            raise ValueError(f"a requirement is `tool` or `channel`, got {self.kind!r}")
+            raise ValueError(f"kind: must be `tool` or `channel`, got {self.kind!r}")
         if not isinstance(self.pattern, str) or not self.pattern.strip():
-            raise ValueError(f"{self.kind} must be a non-empty string, got {self.pattern!r}")
+            raise ValueError(f"{self.kind}: must be a non-empty string, got {self.pattern!r}")
         if len(self.pattern) > APPROVAL_PATTERN_MAX_CHARS:
-            raise ValueError(f"{self.kind} is at most {APPROVAL_PATTERN_MAX_CHARS} characters, "
+            raise ValueError(f"{self.kind}: at most {APPROVAL_PATTERN_MAX_CHARS} characters, "
                              f"got {len(self.pattern)}")
 
     def doc(self) -> dict[str, str]:
@@ -128,8 +128,8 @@ class ApprovalSettings:
             if isinstance(self.approvers, str) or not all(
                     isinstance(a, str) and a and len(a) <= APPROVAL_PRINCIPAL_MAX_CHARS
                     for a in self.approvers):
-                raise ValueError("approvers: a list of principals (non-empty strings of at "
-                                 f"most {APPROVAL_PRINCIPAL_MAX_CHARS} characters), got "
+                raise ValueError("approvers: must be a list of principals (non-empty strings "
+                                 f"of at most {APPROVAL_PRINCIPAL_MAX_CHARS} characters), got "
                                  f"{self.approvers!r}")
             if len(self.approvers) > APPROVAL_MAX_APPROVERS:
                 raise ValueError(f"approvers: at most {APPROVAL_MAX_APPROVERS} principals, "
@@ -138,13 +138,13 @@ class ApprovalSettings:
         if self.timeout_s is not None and (
                 isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int)
                 or not APPROVAL_TIMEOUT_MIN_S <= self.timeout_s <= APPROVAL_TIMEOUT_MAX_S):
-            raise ValueError(f"timeoutSeconds must be an integer between "
+            raise ValueError(f"timeoutSeconds: must be an integer between "
                              f"{APPROVAL_TIMEOUT_MIN_S} and {APPROVAL_TIMEOUT_MAX_S}, got "
                              f"{self.timeout_s!r}")
         if self.notify_channel is not None and (
                 not isinstance(self.notify_channel, str)
                 or len(self.notify_channel) > APPROVAL_PATTERN_MAX_CHARS):
-            raise ValueError(f"notifyChannel must be a channel name (at most "
+            raise ValueError(f"notifyChannel: must be a channel name (at most "
                              f"{APPROVAL_PATTERN_MAX_CHARS} characters) or \"\", got "
                              f"{self.notify_channel!r}")
 
@@ -172,7 +172,7 @@ def _requirements(value: object, where: str) -> tuple[Requirement, ...]:
         try:
             out.append(Requirement(kind, pattern))
         except ValueError as exc:
-            raise ValueError(f"{where}[{i}]: {exc}") from None
+            raise ValueError(f"{where}[{i}].{exc}") from None
     return tuple(out)
 
 
@@ -193,7 +193,8 @@ def approval_from_spec(doc: object, where: str = "approval") -> ApprovalSettings
     required = _requirements(doc.get("required", []), f"{where}.required")
     approvers = doc.get("approvers")
     if approvers is not None and not isinstance(approvers, list):
-        raise ValueError(f"{where}.approvers: must be a list of principals, got {approvers!r}")
+        raise ValueError(f"{where}.approvers: must be a list of principals, got "
+                         f"{approvers!r}")
     try:
         return ApprovalSettings(
             required=required, approvers=None if approvers is None else tuple(approvers),
