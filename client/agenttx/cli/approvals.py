@@ -135,10 +135,10 @@ def list_text(approvals: Sequence[Approval], now: float) -> str:
                  f"expires      {_when(a.expires_at)} (in {_span(a.expires_at - now)})",
                  f"digest       {a.digest}",
                  "gated steps"]
-        width = max(len(g.tool) for g in a.gated) if a.gated else 0
-        for g in a.gated:
-            target = f" -> {g.channel}" if g.channel else ""
-            lines.append(f"  step {g.step_id:<4} {g.tool:<{width}}{target}  "
+        labels = [g.tool + (f" -> {g.channel}" if g.channel else "") for g in a.gated]
+        width = max(map(len, labels), default=0)
+        for g, label in zip(a.gated, labels, strict=True):
+            lines.append(f"  step {g.step_id:<4} {label:<{width}}  "
                          f"{_clip(g.arguments_json, ARGUMENTS_SHOWN_CHARS)}")
         keys = list(a.write_keys)
         shown = ", ".join(keys[:WRITE_KEYS_SHOWN])
