@@ -778,3 +778,27 @@ async def test_mcp_commit_says_it_awaits_approval_with_the_digest(dep, uniq):
         assert alice.approve(tx, digest).status is TransactionStatus.COMMITTED
     assert deliveries(dep.hooks, f"pay-{uniq}") == 1
 
+
+
+# ---- without authentication ------------------------------------------------------------
+
+def test_without_authentication_anyone_decides_even_its_own(etcd, scratch, uniq):
+    """No identities (loopback, --auth none): the one anonymous caller is admin and
+    approver, so four eyes cannot be enforced (docs/approvals.md says so)."""
+    env = {"AGENTTX_DEFAULT_POLICY__APPROVAL": json.dumps(
+        {"required": [{"tool": "kv.delete"}]})}
+    with ServiceProcess(f"approvals-anon-{uniq}", etcd_endpoints=etcd.endpoints,
+                        prefix=f"/agenttx-approvals-anon-{uniq}",
+                        workdir=pathlib.Path(scratch) / "approvals-anon", env=env) as svc, \
+            svc.client() as anyone:
+        tx = anyone.begin()
+        assert tx.step("kv.put", {"key": "a", "value": 1}).ok
+        assert tx.step("kv.delete", {"key": "b"}).ok
+        digest = tx.commit().approval_digest
+        (shown,) = [a for a in anyone.approvals() if a.transaction_id == tx.id]
+        assert (shown.principal, shown.gated) == ("", (GatedStep(2, "kv.delete", "",
+                                                                 '{"key":"b"}'),))
+        assert shown.write_keys == ("kv:a", "kv:b")
+        assert anyone.approve(tx.id, digest).status is TransactionStatus.COMMITTED
+        assert (anyone.history(tx.id).status, anyone.history(tx.id).ended_by) == (
+            TransactionStatus.COMMITTED, "")
