@@ -11,6 +11,7 @@ import pytest
 
 from agenttx.config import Settings
 from agenttx.contracts.layout import Keys
+from agenttx.contracts.outbox import DEFERRED_CHANNEL
 from agenttx.contracts.policy import (
     APPROVAL_TIMEOUT_DEFAULT_S,
     ApprovalSettings,
@@ -49,6 +50,7 @@ from agenttx.engine.state import (
     encode_gated,
     encode_header,
 )
+from agenttx.engine.steps import _gated
 
 PAYMENTS = ApprovalSettings((Requirement("channel", "payments"), Requirement("tool", "tickets.*")),
                             (), 86400, "")
@@ -151,23 +153,48 @@ def test_tool_globs_and_channels_match_as_documented():
 
 # ---- what is gated, and the digest --------------------------------------------------------
 
-def test_gated_steps_are_the_gated_calls_and_the_effects_on_listed_channels_in_step_order():
-    effects = {2: (StagedEffect("payments", {"amount": 10}, "k1"),
-                   StagedEffect("audit", {"x": 1}, "k2")),
-               4: (StagedEffect("toolset:team-a/mail", {"name": "send", "arguments": {}},
-                                "k3"),)}
-    calls = [GatedCall(3, "tickets.close", {"id": 7}), GatedCall(4, "tickets.x", {})]
-    assert gated_steps(PAYMENTS, effects, calls) == [
-        Gated(2, "effect.stage", "payments", {"amount": 10}),
-        Gated(3, "tickets.close", "", {"id": 7}),
-        Gated(4, "tickets.x", "", {})]
+def _step_gates(approval, tool, arguments, effects):
+    header = TxHeader(id="t", principal="p", agent_id="a", status="ACTIVE",
+                      policy=TxPolicy(3, 1, 2.0, 900, "/fs", "server-default"),
+                      created_at=1.0, updated_at=1.0, approval=approval)
+    return _gated(header, 4, tool, arguments, effects)
 
 
-def test_a_glob_on_effect_stage_gates_every_effect_but_never_a_deferred_call():
+def test_a_step_records_its_effects_on_listed_channels_with_their_payloads():
+    effects = [StagedEffect("payments", {"amount": 10}, "k1"), StagedEffect("audit", 1, "k2")]
+    assert _step_gates(PAYMENTS, "effect.stage", {"channel": "payments"}, effects) == (
+        GatedCall(4, "effect.stage", "payments", {"amount": 10}),)
+    # a plug-in effect tool is shown under its own name
+    assert _step_gates(PAYMENTS, "notify.team", {"text": "x"}, effects[:1]) == (
+        GatedCall(4, "notify.team", "payments", {"amount": 10}),)
+    assert _step_gates(PAYMENTS, "effect.stage", {}, effects[1:]) == ()
+
+
+def test_a_step_whose_tool_matches_a_glob_records_its_resolved_call_or_every_effect():
+    assert _step_gates(PAYMENTS, "tickets.close", {"id": 7}, []) == (
+        GatedCall(4, "tickets.close", "", {"id": 7}),)
     every = approval_from_spec({"required": [{"tool": "effect.*"}]})
-    effects = {1: (StagedEffect("audit", 1, "k"),
-                   StagedEffect("toolset:ns/mail", {"name": "m"}, "k2"))}
-    assert gated_steps(every, effects, []) == [Gated(1, "effect.stage", "audit", 1)]
+    assert _step_gates(every, "effect.stage", {"channel": "audit"},
+                       [StagedEffect("audit", 1, "k")]) == (
+        GatedCall(4, "effect.stage", "audit", 1),)
+    assert _step_gates(PAYMENTS, "kv.put", {"key": "a"}, []) == ()
+    assert _step_gates(None, "tickets.close", {"id": 7}, []) == ()
+
+
+def test_a_gated_deferred_toolset_call_is_recorded_once_as_its_call():
+    mail = approval_from_spec({"required": [{"tool": "mail.*"}]})
+    deferred = [StagedEffect(f"{DEFERRED_CHANNEL}team-a/mail",
+                             {"name": "mail.send_email", "arguments": {"to": "a@b"}}, "k")]
+    assert _step_gates(mail, "mail.send_email", {"to": "a@b"}, deferred) == (
+        GatedCall(4, "mail.send_email", "", {"to": "a@b"}),)
+    assert _step_gates(PAYMENTS, "mail.send_email", {"to": "a@b"}, deferred) == ()
+
+
+def test_gated_steps_are_what_the_live_steps_recorded_in_order():
+    calls = [GatedCall(2, "effect.stage", "payments", {"amount": 10}),
+             GatedCall(3, "tickets.close", "", {"id": 7})]
+    assert gated_steps(calls) == [Gated(2, "effect.stage", "payments", {"amount": 10}),
+                                  Gated(3, "tickets.close", "", {"id": 7})]
 
 
 def test_the_write_set_is_in_key_order_with_deletes_as_null():
@@ -259,5 +286,5 @@ def test_the_header_keeps_the_approval_namespace_and_pending_digest():
 
 
 def test_a_gated_call_round_trips():
-    g = GatedCall(4, "mail.send_email", {"to": "a@b", "n": [1, 2.5, None]})
+    g = GatedCall(4, "mail.send_email", "", {"to": "a@b", "n": [1, 2.5, None]})
     assert decode_gated(encode_gated(g)) == g

@@ -70,7 +70,7 @@ def test_constraints_are_distinct_and_bounded():
 
 
 def test_what_an_approval_would_show_must_fit_one_answer_when_approvals_apply():
-    big = Budget(read_keys=1, write_keys=1, gated_bytes=3 * MIB, effect_bytes=MIB)
+    big = Budget(read_keys=1, write_keys=1, gated_bytes=4 * MIB)
     assert check(big) is None                       # no approval policy: not gated
     message = check(big, approval=True)
     assert message is not None and message.startswith("program limit exceeded")

@@ -7,8 +7,8 @@
     <prefix>/tx/<id>/key/<data id>    one entry per data key the transaction touched:
                                       observed revision (the read set) + buffered write
     <prefix>/tx/<id>/fx/<n:010d>/<i>  effects staged by live step n
-    <prefix>/tx/<id>/gate/<n:010d>    live step n needs approval: its tool and resolved
-                                      arguments (docs/approvals.md)
+    <prefix>/tx/<id>/gate/<n:010d>/<i>  what live step n will do that needs approval
+                                      (a gated effect or call; docs/approvals.md)
     <prefix>/tx/<id>/meta             BeginTransaction.metadata (audit)
     <prefix>/touch/<id>               last read-only activity (GetTransaction), for the reaper
     <prefix>/approvals/<id>           a pending approval: what ListApprovals shows (written
@@ -138,10 +138,10 @@ class Keys:
     def gates_prefix(self, tx_id: str) -> bytes:
         return self._k("tx", tx_id, "gate", "")
 
-    def gate(self, tx_id: str, step_id: int) -> bytes:
-        """Live step `step_id` needs approval (its tool matched a glob of the
-        transaction's approval): the tool and its resolved arguments."""
-        return self._k("tx", tx_id, "gate", f"{step_id:010d}")
+    def gate(self, tx_id: str, step_id: int, index: int = 0) -> bytes:
+        """What live step `step_id` will do that needs approval (its `index`-th gated
+        effect, or its gated call): `engine.state.GatedCall`."""
+        return self._k("tx", tx_id, "gate", f"{step_id:010d}", f"{index:04d}")
 
     # approvals (ListApprovals, DecideApproval)
     def approval(self, tx_id: str) -> bytes:

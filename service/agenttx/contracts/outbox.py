@@ -45,6 +45,11 @@ IDEMPOTENCY_KEY_MAX_CHARS = 200
 IDEMPOTENCY_KEY_RULE = (f"1 to {IDEMPOTENCY_KEY_MAX_CHARS} printable ASCII characters "
                         "(`!` to `~`)")
 
+# A deferred toolset call is staged at step time like an effect, on this pseudo-channel
+# + "<namespace>/<name>" of its toolset (no configured channel can be named so: channel
+# names match [A-Za-z0-9][A-Za-z0-9_.-]*); the commit turns it into a `deferred` entry.
+DEFERRED_CHANNEL = "toolset:"
+
 # last_error is for people; it is kept short so an entry stays small.
 MAX_ERROR_CHARS = 500
 
@@ -226,7 +231,7 @@ def decode_dead_letter(raw: bytes) -> DeadLetter:
 
 
 __all__ = [
-    "IDEMPOTENCY_KEY_MAX_CHARS", "IDEMPOTENCY_KEY_RULE", "KINDS", "KIND_DEFERRED",
+    "DEFERRED_CHANNEL", "IDEMPOTENCY_KEY_MAX_CHARS", "IDEMPOTENCY_KEY_RULE", "KINDS", "KIND_DEFERRED",
     "KIND_EFFECT", "MAX_ERROR_CHARS", "DeadLetter", "OutboxEntry", "decode_dead_letter",
     "decode_entry", "effect_entry", "encode_dead_letter", "encode_entry",
     "idempotency_key_problem",

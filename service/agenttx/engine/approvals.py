@@ -10,9 +10,10 @@ The shape of it:
 
 * At begin, the transaction's effective approval (`ApprovalSettings`, resolved from the
   default policy and the matching AgentTxPolicy) is stored in its header.
-* A step whose tool matches a `tool` glob records its resolved arguments
-  (`tx/<id>/gate/<n>`, in the step's own CAS); an `effect.stage` is judged at commit from
-  its staged effect (a listed `channel`, or a glob matching `effect.stage`).
+* A step records, in its own CAS, what it will do that needs approval
+  (`tx/<id>/gate/<n>/<i>`): each effect it staged on a listed `channel` (or staged while
+  its tool matches a `tool` glob), else, when its tool matches a glob, its call with the
+  resolved arguments. Undoing the step deletes them with its other records.
 * CommitTransaction with gated live steps does not commit (`Committer._gate`): ONE CAS
   makes the header AWAITING_APPROVAL with the digest and the expiry, lists the pending
   approval at `<prefix>/approvals/<id>` (so ListApprovals never scans transactions) and
@@ -50,7 +51,6 @@ from typing import Any, Protocol
 
 from ..contracts.layout import Keys, data_id
 from ..contracts.outbox import OutboxEntry, effect_entry
-from ..contracts.policy import ApprovalSettings
 from ..errors import FailedPrecondition, NotFound, PermissionDenied, StoreError
 from ..observability.context import note
 from ..observability.metrics import METRICS
@@ -64,7 +64,6 @@ from .snapshot import Loader, not_found
 from .state import (
     AWAITING_APPROVAL,
     GatedCall,
-    StagedEffect,
     Touched,
     TxHeader,
     from_json,
@@ -74,10 +73,6 @@ from .undo import Stale, Target, Undoer
 
 log = logging.getLogger(__name__)
 
-EFFECT_STAGE = "effect.stage"
-# Staged effects on this pseudo-channel prefix are deferred toolset calls (their step
-# recorded a gated call when its tool matched a glob): never judged as effects here.
-DEFERRED_CHANNEL_PREFIX = "toolset:"
 NOTIFY_EVENT = "approval.requested"
 # The notify event goes to the outbox key `outbox/<tx>/000000`: a commit's own effects
 # take the sequence numbers from 1, so the two never collide.
@@ -102,19 +97,10 @@ class Gated:
     arguments: Any
 
 
-def gated_steps(approval: ApprovalSettings, effects: Mapping[int, Sequence[StagedEffect]],
-                calls: Sequence[GatedCall]) -> list[Gated]:
-    """The live steps that need approval, in step order (effects of one step in the
-    order they were staged)."""
-    out = [Gated(c.step_id, c.tool, "", c.arguments) for c in calls]
-    effect_gated = approval.gates_tool(EFFECT_STAGE)
-    for step in sorted(effects):
-        for e in effects[step]:
-            if e.channel.startswith(DEFERRED_CHANNEL_PREFIX):
-                continue
-            if effect_gated or approval.gates_channel(e.channel):
-                out.append(Gated(step, EFFECT_STAGE, e.channel, e.payload))
-    return sorted(out, key=lambda g: g.step_id)
+def gated_steps(calls: Sequence[GatedCall]) -> list[Gated]:
+    """What the live steps recorded as needing approval, in step order (a step's own in
+    the order it staged them)."""
+    return [Gated(c.step_id, c.tool, c.channel, c.arguments) for c in calls]
 
 
 def write_set(keys: Keys, entries: Mapping[bytes, Touched]) -> list[tuple[str, Any]]:
@@ -336,8 +322,10 @@ class ApprovalDesk:
                    if recorded.end is not None else "")
             return NotFound(f"transaction {tx_id} not found: it was decided or ended "
                             f"concurrently{how}")
+        now = ("being undone (rejected, expired or withdrawn)"
+               if recorded.header.undoing is not None else recorded.header.status)
         return FailedPrecondition(f"transaction {tx_id} was decided or changed concurrently "
-                                  f"(it is now {recorded.header.status}); nothing was done")
+                                  f"(it is now {now}); nothing was done")
 
     async def _reject(self, state: TxState, ending: Ending, *,
                       fence: Callable[[], Sequence[Compare]] = lambda: (),

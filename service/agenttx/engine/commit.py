@@ -212,7 +212,7 @@ class Committer:
         h = state.header
         assert h.approval is not None
         calls = await self.loader.gated(h.id)
-        gated = approvals.gated_steps(h.approval, state.effects, calls)
+        gated = approvals.gated_steps(calls)
         if not gated:
             return None
         writes = approvals.write_set(self.keys, state.entries)

@@ -72,10 +72,9 @@ def constraints_bytes(constraints: tuple[str, ...] | list[str]) -> int:
 
 def approval_bytes(budget: Budget) -> int:
     """What a pending approval's record (ListApprovals' entry, written by the commit that
-    stops at the gate) may need for this transaction: every gated call, every staged
-    effect (an upper bound of the gated ones) and the write set's keys."""
-    return budget.gated_bytes + budget.effect_bytes + \
-        COMMIT_KEY_OVERHEAD * (budget.write_keys + budget.effects + 1)
+    stops at the gate) needs for this transaction: every gated call and effect the steps
+    recorded, and the write set's keys."""
+    return budget.gated_bytes + COMMIT_KEY_OVERHEAD * (budget.write_keys + 1)
 
 
 def check_step(limits: Limits, after: Budget, *, step_compares: int, step_ops: int,

@@ -82,7 +82,7 @@ class StepChanges:
 
 def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
               record: StepRecord | None, raw_context: str, changes: StepChanges, *,
-              history: Sequence[Put] = (), gated: GatedCall | None = None) -> TxnPlan:
+              history: Sequence[Put] = (), gated: Sequence[GatedCall] = ()) -> TxnPlan:
     """The CAS of a step: new header, the step record (None for a failed step, which
     records only what it observed), its raw_context, touched entries, staged effects,
     reservations, lock, its history entry and, when its tool needs approval, its gated
@@ -114,8 +114,8 @@ def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
             success.append(Put(changes.lock_new, tx.encode()))
         elif changes.lock_held is not None:
             compares.append(cmp_value(changes.lock_held, tx.encode()))
-        if gated is not None:
-            success.append(Put(keys.gate(tx, record.step_id), encode_gated(gated)))
+        for i, call in enumerate(gated):
+            success.append(Put(keys.gate(tx, record.step_id, i), encode_gated(call)))
     success.extend(history)
     failure: list[Op] = [Get(k) for k in read_back_keys(hkey, compares)]
     return TxnPlan(compares, success, failure)
@@ -192,7 +192,7 @@ def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
         success.append(op_delete_from(keys.step(tx, first), keys.steps_prefix(tx)))
         success.append(op_delete_from(keys.context(tx, first), keys.context_prefix(tx)))
         success.append(op_delete_from(keys.effect(tx, first, 0), keys.effects_prefix(tx)))
-        success.append(op_delete_from(keys.gate(tx, first), keys.gates_prefix(tx)))
+        success.append(op_delete_from(keys.gate(tx, first, 0), keys.gates_prefix(tx)))
     entries = dict(observations or {})
     entries.update(undone_entries(done))
     for dk, entry in entries.items():

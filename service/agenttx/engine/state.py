@@ -9,8 +9,8 @@ Layout (contracts.layout):
     tx/<id>/key/<data key> Touched      the transaction's view of one data key: the revision
                                         it observed first (read set) and its buffered write
     tx/<id>/fx/<n>/<i>     StagedEffect an effect staged by live step n
-    tx/<id>/gate/<n>       GatedCall    a live step whose tool needs approval: its tool and
-                                        resolved arguments (docs/approvals.md)
+    tx/<id>/gate/<n>/<i>   GatedCall    what live step n will do that needs approval: a
+                                        gated effect, or a gated tool's call (docs/approvals.md)
     tx/<id>/meta           metadata     BeginTransaction.metadata (audit only)
     hist/<id>/...          history      kept after the end on shared leases (engine.history,
                                         which has its own records and codec)
@@ -237,11 +237,15 @@ class StagedEffect:
 
 @dataclass(frozen=True, slots=True)
 class GatedCall:
-    """tx/<id>/gate/<n>: live step n's tool matched an approval glob; what it was called
-    with (its resolved arguments), for the approver to see and the digest to bind."""
+    """tx/<id>/gate/<n>/<i>: what live step n will do that needs approval, recorded by
+    the step itself (docs/approvals.md): an effect it staged on a gated channel, or
+    staged while its tool is gated (`channel` and the payload), else the call of a gated
+    tool (`channel` "", its resolved arguments). The approver sees it; the digest binds
+    it."""
 
     step_id: int
     tool: str
+    channel: str
     arguments: Any
 
 
@@ -392,12 +396,12 @@ def decode_context(raw: bytes) -> tuple[str, str]:
 
 
 def encode_gated(g: GatedCall) -> bytes:
-    return to_json([g.step_id, g.tool, g.arguments])
+    return to_json([g.step_id, g.tool, g.channel, g.arguments])
 
 
 def decode_gated(raw: bytes) -> GatedCall:
     d = from_json(raw)
-    return GatedCall(int(d[0]), d[1], d[2])
+    return GatedCall(int(d[0]), d[1], d[2], d[3])
 
 
 def encode_effect(e: StagedEffect) -> bytes:

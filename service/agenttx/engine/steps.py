@@ -22,7 +22,7 @@ import asyncio
 import logging
 import pathlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +31,7 @@ from ..args.jsonargs import ArgumentsError, dumps, parse_arguments
 from ..args.refs import Reference, ReferenceError_, find_references, offending_step, resolve
 from ..cleaner import clean_error
 from ..contracts.layout import Keys
+from ..contracts.outbox import DEFERRED_CHANNEL
 from ..errors import FailedPrecondition, NotFound, StoreUnavailable
 from ..observability import tracing
 from ..observability.context import note
@@ -69,6 +70,7 @@ from .state import (
     Budget,
     FsPending,
     GatedCall,
+    StagedEffect,
     StepRecord,
     Touched,
     TxHeader,
@@ -87,8 +89,6 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8
 # Arguments larger than this are parsed off the event loop.
 PARSE_INLINE_BYTES = 64 * 1024
-# The built-in whose staged effects an approval's `channel` requirement gates.
-EFFECT_STAGE = "effect.stage"
 
 
 def is_custom_saga(tool: Tool | None) -> bool:
@@ -297,9 +297,9 @@ class Stepper:
         known = self._known(state, view)
         entries = step_entries(view.before, view.states, view.observed, known)
         delta = _delta(view, known, entries, request.tool_name, request.raw_context)
-        gated = _gated(h, request.step_id, request.tool_name, attempt.arguments)
-        if gated is not None:
-            delta = replace(delta, gated_bytes=len(encode_gated(gated)))
+        gated = _gated(h, request.step_id, request.tool_name, attempt.arguments, view.effects)
+        if gated:
+            delta = replace(delta, gated_bytes=sum(len(encode_gated(g)) for g in gated))
         fs = view.fs
         record = StepRecord(
             step_id=request.step_id, tool=request.tool_name, attempt=view.attempt,
@@ -579,13 +579,23 @@ def _count_failure(tool_label: str, outcome: StepOutcome) -> None:
         outcome.rollback_latency_ms / 1000.0)
 
 
-def _gated(header: TxHeader, step_id: int, tool: str, arguments: Any) -> GatedCall | None:
-    """The gated call a step records when its tool needs approval under the
-    transaction's policy (docs/approvals.md). `effect.stage` is judged at commit from its
-    staged effect instead (its channel, or a glob matching `effect.stage`)."""
-    if header.approval is None or tool == EFFECT_STAGE or not header.approval.gates_tool(tool):
-        return None
-    return GatedCall(step_id, tool, arguments)
+def _gated(header: TxHeader, step_id: int, tool: str, arguments: Any,
+           effects: Sequence[StagedEffect]) -> tuple[GatedCall, ...]:
+    """What this step will do that needs approval under the transaction's policy
+    (docs/approvals.md), recorded with the step: each effect it staged on a listed
+    channel (or staged while its tool matches a glob), with its payload; else, when its
+    tool matches a glob, its call with the resolved arguments (a deferred toolset call
+    included: the call it staged on its toolset's pseudo-channel is exactly that)."""
+    approval = header.approval
+    if approval is None:
+        return ()
+    tool_gated = approval.gates_tool(tool)
+    staged = [e for e in effects if not e.channel.startswith(DEFERRED_CHANNEL)]
+    out = [GatedCall(step_id, tool, e.channel, e.payload) for e in staged
+           if tool_gated or approval.gates_channel(e.channel)]
+    if tool_gated and not staged:
+        out.append(GatedCall(step_id, tool, "", arguments))
+    return tuple(out)
 
 
 def _tool_label(tools: ToolRegistry, name: str) -> str:
