@@ -21,6 +21,7 @@ from agenttx.contracts.policy import (
     FACTOR_MAX,
     FACTOR_MIN,
     PublishedPolicy,
+    approval_from_spec,
     policy_to_json,
 )
 
@@ -44,7 +45,8 @@ AGENT_ID_PREFIX_MAX_BYTES = 256
 MATCH_METADATA_MAX = 64
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
-_SPEC_FIELDS = {"priority", "selector", "rollback", "sandbox", "idleTimeoutSeconds"}
+_SPEC_FIELDS = {"priority", "selector", "rollback", "sandbox", "idleTimeoutSeconds",
+                "approval"}
 _SELECTOR_FIELDS = {"agentIdPrefix", "matchMetadata"}
 _ROLLBACK_FIELDS = {"maxLocalDepth", "maxGlobalResets", "replayBudgetFactor"}
 _SANDBOX_FIELDS = {"size", "storageClassName", "accessModes", "reclaimPolicy"}
@@ -129,6 +131,12 @@ def validate_spec(spec: Any) -> list[str]:
         v = spec["idleTimeoutSeconds"]
         if not _is_int(v) or not 1 <= v <= INT32_MAX:
             errors.append(f"spec.idleTimeoutSeconds: must be an integer >= 1, got {v!r}")
+
+    if "approval" in spec:
+        try:  # the service's own parser and ranges (agenttx.contracts.policy)
+            approval_from_spec(spec["approval"], "spec.approval")
+        except ValueError as exc:  # "spec.approval.<field>: <what is wrong>"
+            errors.append(str(exc))
     return errors
 
 
@@ -185,6 +193,8 @@ def normalise(
         replay_budget_factor=None if factor is None else float(factor),
         idle_timeout_s=spec.get("idleTimeoutSeconds"),
         sandbox_path=sandbox_path(namespace, name, mount_root) if "sandbox" in spec else None,
+        approval=approval_from_spec(spec["approval"], "spec.approval")
+        if "approval" in spec else None,
     )
 
 

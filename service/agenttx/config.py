@@ -17,11 +17,26 @@ from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from . import failpoints
-from .contracts.policy import DEPTH_MAX, DEPTH_MIN, FACTOR_MAX, FACTOR_MIN
+from .contracts.policy import (
+    APPROVAL_TIMEOUT_DEFAULT_S,
+    DEPTH_MAX,
+    DEPTH_MIN,
+    FACTOR_MAX,
+    FACTOR_MIN,
+    ApprovalSettings,
+    approval_from_spec,
+)
+
+# What needs approval when no AgentTxPolicy says more: nothing (docs/approvals.md).
+DEFAULT_APPROVAL: dict[str, Any] = {"required": [], "approvers": [],
+                                    "timeoutSeconds": APPROVAL_TIMEOUT_DEFAULT_S,
+                                    "notifyChannel": ""}
 
 
 class DefaultPolicy(BaseModel):
-    """Server-wide rollback defaults (docs/recovery.md), overridden by AgentTxPolicy and requests."""
+    """Server-wide defaults (docs/architecture.md, "Policies"), overridden by AgentTxPolicy
+    and requests; approvals are only ever added to by the layers above
+    (docs/approvals.md)."""
 
     max_local_depth: int = Field(3, ge=DEPTH_MIN, le=DEPTH_MAX,
                                  description="retries of a failing step before escalating")
@@ -31,12 +46,29 @@ class DefaultPolicy(BaseModel):
         2.0, ge=FACTOR_MIN, le=FACTOR_MAX,
         description="undone steps allowed per highest step reached")
 
+    approval: dict[str, Any] = Field(
+        default_factory=lambda: dict(DEFAULT_APPROVAL),
+        description='what needs a person\'s approval before it commits, as JSON: '
+        '{"required": [{"channel": "payments"}, {"tool": "tickets.*"}], "approvers": [], '
+        '"timeoutSeconds": 86400, "notifyChannel": ""} (default: nothing required)')
+
     @field_validator("replay_budget_factor")
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
             raise ValueError("must be finite")
         return v
+
+    @field_validator("approval", mode="before")
+    @classmethod
+    def _approval(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = json.loads(v) if v.strip() else {}
+        approval_from_spec(v)  # the one parser (contracts.policy): names the bad field
+        return v
+
+    def approval_settings(self) -> ApprovalSettings:
+        return approval_from_spec(self.approval)
 
 
 class Settings(BaseSettings):

@@ -15,6 +15,8 @@ a node failure looks like); `sleep(<seconds>)` pauses, to widen race windows. Po
     undo.after_restore       files restored, state not yet committed
     commit.after_txn         commit applied in etcd, effects not yet delivered
     toolset.saga.after_call  a toolset saga call answered, its step not yet recorded
+    approval.before_txn      an approval checked (digest, four eyes), its commit not yet sent
+    approval.after_txn       an approved commit applied in etcd, effects not yet delivered
 """
 
 from __future__ import annotations

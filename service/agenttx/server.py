@@ -223,8 +223,11 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     fs_root = settings.fs_root or str(data_dir / "sandbox")
     pathlib.Path(fs_root).mkdir(parents=True, exist_ok=True)
 
-    policies = PolicyCache(store, keys, RollbackSettings(**settings.default_policy.model_dump()),
-                           settings.tx_idle_timeout_s, settings.service_namespace)
+    default = settings.default_policy
+    policies = PolicyCache(store, keys, RollbackSettings(
+        default.max_local_depth, default.max_global_resets, default.replay_budget_factor),
+        settings.tx_idle_timeout_s, settings.service_namespace,
+        default_approval=default.approval_settings())
     channels = ChannelRegistry.from_config(settings.effect_channels)
     toolsets = Toolsets(service_namespace=settings.service_namespace,
                         max_connections=settings.toolset_max_connections)
@@ -242,7 +245,8 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
                     max_request_bytes=settings.etcd_max_request_bytes, dispatcher=dispatcher,
                     max_open_transactions=settings.max_open_transactions,
                     effect_key_retention_s=settings.effect_key_retention_s,
-                    history_retention_s=settings.history_retention_s)
+                    history_retention_s=settings.history_retention_s,
+                    service_namespace=settings.service_namespace)
     METRICS.zero_initialise(engine.tools.names(), channels.names())
 
     presence = replica_presence(store, keys, replica_id, settings.replica_ttl_s)

@@ -283,6 +283,7 @@ def test_label_values_are_bounded_never_an_id(pair):
         "rpc": set(m.RPCS), "code": codes, "status": set(m.STEP_STATUSES),
         "tool": {*ToolRegistry.load().names(), "unknown"}, "strategy": set(m.STRATEGIES),
         "operation": set(m.ETCD_OPERATIONS), "outcome": set(m.TX_OUTCOMES),
+        "decision": set(m.APPROVAL_DECISIONS),
         "role": set(m.ROLES), "channel": {*CHANNELS, "unknown"},
         "result": set(m.DELIVERY_RESULTS), "version": {agenttx.__version__},
     }

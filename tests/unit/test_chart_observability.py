@@ -39,7 +39,8 @@ from support.chart import (
 
 DASHBOARD = CHART / "files" / "dashboards" / "agenttx.json"
 ALERTS = ("AgentTxHighErrorRate", "AgentTxHighLatencyP99", "AgentTxOutboxBacklogAge",
-          "AgentTxAwaitingManualRollback", "AgentTxDeadLetters", "AgentTxNoDispatcherLeader")
+          "AgentTxAwaitingManualRollback", "AgentTxDeadLetters",
+          "AgentTxApprovalPendingTooLong", "AgentTxNoDispatcherLeader")
 SERVER_ERRORS = {"INTERNAL", "UNAVAILABLE", "UNKNOWN", "DEADLINE_EXCEEDED", "DATA_LOSS"}
 # Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
 TARGET_LABELS = {"namespace", "job", "pod", "instance", "service", "container", "endpoint"}
@@ -258,6 +259,7 @@ def test_alert_expressions_use_only_exported_metrics(chart: helm_python.Chart) -
         "AgentTxOutboxBacklogAge": {"agenttx_outbox_oldest_age_seconds"},
         "AgentTxAwaitingManualRollback": {"agenttx_transactions_awaiting_rollback"},
         "AgentTxDeadLetters": {"agenttx_effects_dead_letters"},
+        "AgentTxApprovalPendingTooLong": {"agenttx_approval_oldest_pending_seconds"},
         "AgentTxNoDispatcherLeader": {"agenttx_leader"},
     }
     # Server errors are exactly the five codes the operations guide names.
@@ -278,6 +280,10 @@ def test_alert_thresholds_come_from_values(chart: helm_python.Chart) -> None:
     assert defaults["AgentTxDeadLetters"]["expr"].endswith(") > 0")
     assert (defaults["AgentTxDeadLetters"]["for"],
             defaults["AgentTxDeadLetters"]["labels"]["severity"]) == ("1m", "warning")
+    assert defaults["AgentTxApprovalPendingTooLong"]["expr"].endswith(") > 3600")
+    assert (defaults["AgentTxApprovalPendingTooLong"]["for"],
+            defaults["AgentTxApprovalPendingTooLong"]["labels"]["severity"]) == ("5m",
+                                                                                 "warning")
     changed = rules(render(chart, {"metrics": {"prometheusRule": {
         "enabled": True, "selector": 'job="agenttx"',
         "runbookBaseUrl": "https://runbooks.example/agenttx",
@@ -287,6 +293,8 @@ def test_alert_thresholds_come_from_values(chart: helm_python.Chart) -> None:
         "outboxBacklogAge": {"thresholdSeconds": 60},
         "awaitingManualRollback": {"threshold": 3, "for": "1h"},
         "deadLetters": {"threshold": 5, "for": "10m", "severity": "critical"},
+        "approvalPendingTooLong": {"thresholdSeconds": 900, "for": "1m",
+                                   "severity": "critical"},
         "noDispatcherLeader": {"for": "1m"}}}}))
     assert changed["AgentTxHighErrorRate"]["expr"].endswith(") > 0.01")
     assert (changed["AgentTxHighErrorRate"]["for"],
@@ -300,6 +308,10 @@ def test_alert_thresholds_come_from_values(chart: helm_python.Chart) -> None:
     assert changed["AgentTxDeadLetters"]["expr"].endswith(") > 5")
     assert (changed["AgentTxDeadLetters"]["for"],
             changed["AgentTxDeadLetters"]["labels"]["severity"]) == ("10m", "critical")
+    assert changed["AgentTxApprovalPendingTooLong"]["expr"].endswith(") > 900")
+    assert (changed["AgentTxApprovalPendingTooLong"]["for"],
+            changed["AgentTxApprovalPendingTooLong"]["labels"]["severity"]) == ("1m",
+                                                                                "critical")
     assert changed["AgentTxOutboxBacklogAge"]["annotations"]["runbook_url"] == (
         "https://runbooks.example/agenttx#agenttxoutboxbacklogage")
     for rule in changed.values():

@@ -2,7 +2,8 @@
 place so every command means the same by the same number (docs/client.md, "Exit codes"):
 
     0  done
-    1  rollback incomplete (the compensation errors on stderr)
+    1  rollback incomplete (the compensation errors on stderr), or an approved
+       transaction whose commit a conflict aborted (compensated)
     2  usage: bad flags or values, refused before any call (one line on stderr)
     3  not found (unknown id, another principal's transaction, or history expired)
     4  permission denied (or missing / invalid credentials)

@@ -64,7 +64,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     ls.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     ls.add_argument("--status", type=str.upper, default=None,
                     choices=[TransactionStatus.ACTIVE.value,
-                             TransactionStatus.AWAITING_ROLLBACK.value],
+                             TransactionStatus.AWAITING_ROLLBACK.value,
+                             TransactionStatus.AWAITING_APPROVAL.value],
                     help="only transactions in this status (default: every open one)")
     ls.add_argument("--agent-prefix", default="", metavar="PREFIX",
                     help="only agents whose id starts with PREFIX")
@@ -178,6 +179,9 @@ def show_text(h: TransactionHistory, v: TransactionState | None, now: float) -> 
         if v.status is TransactionStatus.AWAITING_ROLLBACK:
             lines.append("               an undo failed: steps and commit are refused until "
                          f"`agenttx tx rollback {v.transaction_id}` succeeds")
+        if v.status is TransactionStatus.AWAITING_APPROVAL:
+            lines.append("               its commit awaits a person's approval: "
+                         "`agenttx approvals list` shows what it would do")
         lines.append("constraints" + ("    (none)" if not v.constraints else ""))
         lines += [f"  - {c}" for c in v.constraints]
         lines.append("context" + ("        (none)" if not v.context else ""))

@@ -24,6 +24,11 @@ An exception leaving the block aborts the transaction. `strict=True` raises `Ste
 at the failing step. `client.history(tx_id)` reads any transaction's record, ended ones
 included.
 
+Approvals (docs/approvals.md): a commit whose steps need a person's approval returns
+`awaiting_approval` and a digest; `tx.commit(wait_for_approval=SECONDS)` waits for the
+decision. Approvers use `client.approvals()`, `client.approve(tx_id, digest)` and
+`client.reject(tx_id, reason)`.
+
 Asyncio: `AsyncClient`, `async with aclient.transaction(...) as tx: await tx.step(...)`,
 with the same rules (both front ends run the same flows, `_flows`).
 
@@ -63,10 +68,14 @@ from .errors import (
     Unavailable,
 )
 from .types import (
+    Approval,
+    ApprovalPage,
     CommitResult,
     ContextEntry,
     DeadLetter,
     DeadLetterPage,
+    Decision,
+    GatedStep,
     HistoryStep,
     Policy,
     RollbackResult,
@@ -82,9 +91,11 @@ from .types import (
 )
 
 __all__ = [
-    "__version__", "DEFAULT_TARGET", "TLS", "AgentTxError", "AsyncClient", "AsyncTransaction",
+    "__version__", "DEFAULT_TARGET", "TLS", "AgentTxError", "Approval", "ApprovalPage",
+    "AsyncClient", "AsyncTransaction",
     "Cancelled", "Client", "CommitResult", "Conflict", "ContextEntry", "DeadLetter",
-    "DeadLetterPage", "DeadlineExceeded", "FailedPrecondition", "HistoryStep", "Internal",
+    "DeadLetterPage", "DeadlineExceeded", "Decision", "FailedPrecondition", "GatedStep",
+    "HistoryStep", "Internal",
     "InvalidArgument", "NotFound", "OutcomeUnknown", "PermissionDenied", "Policy",
     "ResourceExhausted", "RollbackResult", "StepFailed", "StepResult", "StepStatus", "Strategy",
     "ToolInfo", "Transaction", "TransactionEnded", "TransactionHistory", "TransactionPage",

@@ -7,6 +7,7 @@ running event loop, on first use) and awaits a flow's calls (`AsyncClient._drive
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
@@ -17,12 +18,15 @@ import grpc
 from ..v1 import agenttx_pb2_grpc as pb_grpc
 from . import _core, _flows
 from ._core import TLS
-from ._flows import Flow
+from ._flows import Flow, Sleep
 from .errors import AgentTxError, from_rpc_error
 from .types import (
+    Approval,
+    ApprovalPage,
     CommitResult,
     DeadLetter,
     DeadLetterPage,
+    Decision,
     Policy,
     RollbackResult,
     StepResult,
@@ -101,6 +105,10 @@ class AsyncClient(_core.HasEndpoints):
         try:
             call = next(flow)
             while True:
+                if isinstance(call, Sleep):
+                    await asyncio.sleep(call.seconds)
+                    call = flow.send(None)
+                    continue
                 try:
                     answer = await self._call(call.method, call.request, call.timeout)
                 except AgentTxError as err:
@@ -179,6 +187,33 @@ class AsyncClient(_core.HasEndpoints):
             token = page.next_page_token
             if not token:
                 return
+
+    # -- approvals (approvers and admins once authentication is on; docs/approvals.md)
+    async def approvals_page(self, *, page_size: int = 100,
+                             page_token: str = "") -> ApprovalPage:
+        """One page of ListApprovals (see `Client.approvals_page`)."""
+        return await self._drive(_flows.approvals_page(page_size, page_token,
+                                                       len(self.targets)))
+
+    async def approvals(self, *, page_size: int = 100) -> AsyncIterator[Approval]:
+        """Every pending approval this caller may decide, fetched a page at a time."""
+        token = ""
+        while True:
+            page = await self.approvals_page(page_size=page_size, page_token=token)
+            for approval in page.approvals:
+                yield approval
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def approve(self, transaction_id: str, digest: str, *,
+                      reason: str = "") -> Decision:
+        """DecideApproval(approve) (see `Client.approve`)."""
+        return await self._drive(_flows.decide(transaction_id, digest, True, reason))
+
+    async def reject(self, transaction_id: str, reason: str) -> Decision:
+        """DecideApproval(reject) (see `Client.reject`)."""
+        return await self._drive(_flows.decide(transaction_id, "", False, reason))
 
     # -- dead letters (admin principals once authentication is on)
     async def dead_letters_page(self, *, page_size: int = 100,
@@ -274,8 +309,10 @@ class AsyncTransaction:
     async def history(self) -> TransactionHistory:
         return await self.client._drive(self._core.history())
 
-    async def commit(self, *, timeout: float | None = None) -> CommitResult:
-        return await self.client._drive(self._core.commit(timeout))
+    async def commit(self, *, timeout: float | None = None,
+                     wait_for_approval: float | None = None) -> CommitResult:
+        """See `Transaction.commit` (the wait sleeps in the event loop)."""
+        return await self.client._drive(self._core.commit(timeout, wait_for_approval))
 
     async def rollback(self, to_step: int | None = None, *, reason: str = "",
                        timeout: float | None = None) -> RollbackResult:

@@ -3,9 +3,11 @@
 Why: the blocking and the asyncio clients must behave identically (what is retried,
 what a lost answer means, what leaving a `with` block does), and two hand-written copies
 drift. So each operation is a *flow*: a generator that yields the RPCs it needs as
-`Call`s and receives each answer (or has the error thrown in). `Client._drive` runs a
-flow with blocking calls, `AsyncClient._drive` with awaited ones; neither holds any rule
-of its own. Pure: no I/O, no gRPC channel here.
+`Call`s and receives each answer (or has the error thrown in), and the pauses it needs
+as `Sleep`s (waiting for an approval). `Client._drive` runs a flow with blocking calls
+and `time.sleep`, `AsyncClient._drive` with awaited ones and `asyncio.sleep`; neither
+holds any rule of its own. Pure: no I/O, no gRPC channel here (the clock is read to
+know when a wait runs out).
 
 The rules (docs/client.md):
 - reads are tried on each replica in turn while they do not answer;
@@ -21,6 +23,7 @@ The rules (docs/client.md):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -38,8 +41,10 @@ from .errors import (
     TransactionEnded,
 )
 from .types import (
+    ApprovalPage,
     CommitResult,
     DeadLetterPage,
+    Decision,
     Policy,
     RollbackResult,
     StepResult,
@@ -65,7 +70,20 @@ class Call:
     timeout: float | None = None
 
 
-Flow = Generator[Call, Any, T]
+@dataclass(frozen=True)
+class Sleep:
+    """A pause a flow needs (the driver sleeps, then resumes the flow with None)."""
+
+    seconds: float
+
+
+Flow = Generator[Call | Sleep, Any, T]
+
+# Waiting for an approval (`tx.commit(wait_for_approval=...)`): the history is read
+# after FIRST_POLL_S, then at intervals growing by POLL_GROWTH up to MAX_POLL_S.
+FIRST_POLL_S = 0.2
+POLL_GROWTH = 1.5
+MAX_POLL_S = 5.0
 
 
 # ---- input checks (the same wording a user sees from both clients) --------------------
@@ -193,6 +211,63 @@ def dead_letter_action(method: str, idempotency_key: str, reason: str,
     if method == "DiscardDeadLetter" and (not isinstance(reason, str) or not reason.strip()):
         raise InvalidArgument("discarding a dead letter needs a reason (it is audited)")
     yield Call(method, _core.dead_letter_request(idempotency_key, reason, principal))
+
+
+def approvals_page(page_size: int, page_token: str, targets: int) -> Flow[ApprovalPage]:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise InvalidArgument(f"page_size must be an integer >= 1, not {page_size!r}")
+    resp = yield from read("ListApprovals", _core.approvals_request(page_size, page_token),
+                           targets)
+    return _core.approval_page(resp)
+
+
+def decide(transaction_id: str, digest: str, approve: bool, reason: str) -> Flow[Decision]:
+    """DecideApproval: never retried on a lost answer (the decision may have applied:
+    `history()` or the approvals list says)."""
+    _check_id(transaction_id)
+    if approve and (not isinstance(digest, str) or not digest):
+        raise InvalidArgument("approving needs the digest ListApprovals shows (you approve "
+                              "exactly what you saw)")
+    if not isinstance(reason, str):
+        raise InvalidArgument(f"reason must be a string, not {type(reason).__name__}")
+    if not approve and not reason.strip():
+        raise InvalidArgument("rejecting needs a reason (it goes into the history and the "
+                              "audit log)")
+    resp = yield Call("DecideApproval",
+                      _core.decide_request(transaction_id, digest, approve, reason))
+    return _core.decision(resp)
+
+
+def _check_wait(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise InvalidArgument(f"wait_for_approval must be a number of seconds >= 0 (or "
+                              f"None), not {value!r}")
+    return float(value)
+
+
+def wait_for_decision(transaction_id: str, pending: CommitResult, seconds: float,
+                      targets: int) -> Flow[CommitResult]:
+    """After a commit that awaits approval: read the history, with growing pauses, until
+    it shows the decision or `seconds` ran out (then `pending` as it was)."""
+    deadline = time.monotonic() + seconds
+    pause = FIRST_POLL_S
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return pending
+        yield Sleep(min(pause, left))
+        pause = min(pause * POLL_GROWTH, MAX_POLL_S)
+        found = yield from history(transaction_id, targets)
+        if found.status is TransactionStatus.AWAITING_APPROVAL:
+            continue
+        if not found.ended:  # a manual rollback is pending (its undo failed): still open
+            return CommitResult(False, 0, 0, pending.dispatch_errors, False,
+                                pending.approval_digest, found.status, found)
+        committed = found.status is TransactionStatus.COMMITTED
+        return CommitResult(committed, found.steps_committed if committed else 0, 0, (),
+                            False, pending.approval_digest, found.status, found)
 
 
 def attach_state(transaction_id: str, next_step_id: int | None) -> None:
@@ -324,14 +399,16 @@ class TxCore:
     def history(self) -> Flow[TransactionHistory]:
         return (yield from history(self.id, len(self.client.targets)))
 
-    def commit(self, timeout: float | None) -> Flow[CommitResult]:
+    def commit(self, timeout: float | None,
+               wait_for_approval: float | None = None) -> Flow[CommitResult]:
         """A transaction the service ended (known here, or answered NOT_FOUND) raises
-        `TransactionEnded` with its history; a lost race raises `Conflict`."""
+        `TransactionEnded` with its history; a lost race raises `Conflict`. When the
+        commit awaits approval and `wait_for_approval` is given, wait that many seconds
+        at most for the decision (`wait_for_decision`)."""
+        wait = _check_wait(wait_for_approval)
         if self.ended:
             self.closed = True
             raise (yield from self._ended())
-        # `wait_for_approval=` (approvals) goes here: after a result with
-        # `awaiting_approval`, read `history()` until the decision, within the wait.
         try:
             resp = yield Call("CommitTransaction",
                               pb.CommitTransactionRequest(transaction_id=self.id), timeout)
@@ -345,7 +422,11 @@ class TxCore:
                 raise (yield from self._ended()) from None
             raise err from None
         self.closed = True
-        return _core.commit_result(resp)
+        result = _core.commit_result(resp)
+        if result.awaiting_approval and wait:
+            result = yield from wait_for_decision(self.id, result, wait,
+                                                  len(self.client.targets))
+        return result
 
     def rollback(self, to_step: int | None, reason: str,
                  timeout: float | None) -> Flow[RollbackResult]:
@@ -438,5 +519,6 @@ def _note(exc: BaseException | None, text: str) -> None:
         exc.add_note(text)
 
 
-__all__ = ["Call", "ClientSettings", "Flow", "TxCore", "attach_state", "begin",
-           "check_to_step", "get", "history", "list_page", "read", "rollback", "tools"]
+__all__ = ["Call", "ClientSettings", "Flow", "Sleep", "TxCore", "approvals_page",
+           "attach_state", "begin", "check_to_step", "decide", "get", "history", "list_page",
+           "read", "rollback", "tools", "wait_for_decision"]

@@ -8,6 +8,7 @@ only opens channels and runs a flow's calls one after the other (`Client._drive`
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -17,12 +18,15 @@ import grpc
 from ..v1 import agenttx_pb2_grpc as pb_grpc
 from . import _core, _flows
 from ._core import TLS
-from ._flows import Flow
+from ._flows import Flow, Sleep
 from .errors import AgentTxError, from_rpc_error
 from .types import (
+    Approval,
+    ApprovalPage,
     CommitResult,
     DeadLetter,
     DeadLetterPage,
+    Decision,
     Policy,
     RollbackResult,
     StepResult,
@@ -114,6 +118,10 @@ class Client(_core.HasEndpoints):
         try:
             call = next(flow)
             while True:
+                if isinstance(call, Sleep):
+                    time.sleep(call.seconds)
+                    call = flow.send(None)
+                    continue
                 try:
                     answer = self._call(call.method, call.request, call.timeout)
                 except AgentTxError as err:
@@ -204,6 +212,36 @@ class Client(_core.HasEndpoints):
             token = page.next_page_token
             if not token:
                 return
+
+    # -- approvals (approvers and admins once authentication is on; docs/approvals.md)
+    def approvals_page(self, *, page_size: int = 100, page_token: str = "") -> ApprovalPage:
+        """One page of ListApprovals: transactions awaiting a person's approval that
+        this caller may decide."""
+        return self._drive(_flows.approvals_page(page_size, page_token, len(self.targets)))
+
+    def approvals(self, *, page_size: int = 100) -> Iterator[Approval]:
+        """Every pending approval this caller may decide, fetched a page at a time."""
+        token = ""
+        while True:
+            page = self.approvals_page(page_size=page_size, page_token=token)
+            yield from page.approvals
+            token = page.next_page_token
+            if not token:
+                return
+
+    def approve(self, transaction_id: str, digest: str, *, reason: str = "") -> Decision:
+        """DecideApproval(approve): commit the transaction now, if `digest` is the one
+        pending (what `approvals()` showed); `FailedPrecondition` otherwise, and nothing
+        changes. The principal that began it may not (`PermissionDenied`). The result's
+        `status` is COMMITTED, or ABORTED when another transaction committed a key it
+        read or wrote meanwhile (then it was compensated). Never retried."""
+        return self._drive(_flows.decide(transaction_id, digest, True, reason))
+
+    def reject(self, transaction_id: str, reason: str) -> Decision:
+        """DecideApproval(reject): undo everything the transaction did and end it as
+        REJECTED with `reason` (required; its history and the audit log keep it). No
+        digest: rejecting is always safe. Never retried."""
+        return self._drive(_flows.decide(transaction_id, "", False, reason))
 
     # -- dead letters (admin principals once authentication is on)
     def dead_letters_page(self, *, page_size: int = 100,
@@ -296,11 +334,17 @@ class Transaction:
         """GetTransactionHistory of this transaction, open or ended."""
         return self.client._drive(self._core.history())
 
-    def commit(self, *, timeout: float | None = None) -> CommitResult:
+    def commit(self, *, timeout: float | None = None,
+               wait_for_approval: float | None = None) -> CommitResult:
         """Commit every live step atomically. Raises `Conflict` when another transaction
         committed a key this one read or wrote (this one is then undone and gone), and
-        `TransactionEnded` when the service had already ended it."""
-        return self.client._drive(self._core.commit(timeout))
+        `TransactionEnded` when the service had already ended it.
+
+        When steps need a person's approval the result says `awaiting_approval` (nothing
+        committed yet); with `wait_for_approval=SECONDS` this waits up to that long for
+        the decision and returns it (`status` COMMITTED, REJECTED or ABORTED; see
+        `CommitResult`)."""
+        return self.client._drive(self._core.commit(timeout, wait_for_approval))
 
     def rollback(self, to_step: int | None = None, *, reason: str = "",
                  timeout: float | None = None) -> RollbackResult:

@@ -11,6 +11,7 @@ Pure: no I/O and no protobuf import here (conversion lives in `_core`).
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,8 +141,16 @@ class CommitResult:
     """What `tx.commit()` returns. `committed` True: every live step applied and
     `status` is COMMITTED. When the transaction has steps that need a person's approval,
     nothing was committed: `awaiting_approval` is True, `approval_digest` names what is
-    to be approved and `status` is AWAITING_APPROVAL (the outcome is then in the
-    history, `client.history(tx.id)`)."""
+    to be approved and `status` is AWAITING_APPROVAL.
+
+    `tx.commit(wait_for_approval=SECONDS)` then waits (reading the history, with
+    backoff) until an approver decided: `status` is COMMITTED (`committed` True,
+    `steps_committed` and `effects` from the history; effects delivered by the approver's
+    call are not counted in `effects_dispatched`), REJECTED (rejected, or the approval
+    timed out) or ABORTED (approved, but a key it read or wrote was committed by another
+    transaction meanwhile; compensated), with `history` saying who decided and why;
+    still AWAITING_APPROVAL when the wait ran out (the decision is then in
+    `client.history(tx.id)` later)."""
 
     committed: bool
     steps_committed: int
@@ -149,14 +158,15 @@ class CommitResult:
     dispatch_errors: tuple[str, ...]
     awaiting_approval: bool = False
     approval_digest: str = ""
+    status: TransactionStatus = TransactionStatus.UNSPECIFIED
+    history: TransactionHistory | None = None
 
-    @property
-    def status(self) -> TransactionStatus:
-        if self.committed:
-            return TransactionStatus.COMMITTED
-        if self.awaiting_approval:
-            return TransactionStatus.AWAITING_APPROVAL
-        return TransactionStatus.UNSPECIFIED
+    def __post_init__(self) -> None:
+        if self.status is TransactionStatus.UNSPECIFIED:
+            status = (TransactionStatus.COMMITTED if self.committed
+                      else TransactionStatus.AWAITING_APPROVAL if self.awaiting_approval
+                      else TransactionStatus.UNSPECIFIED)
+            object.__setattr__(self, "status", status)
 
 
 @dataclass(frozen=True)
@@ -274,8 +284,65 @@ class TransactionPage:
     next_page_token: str = ""
 
 
+@dataclass(frozen=True)
+class GatedStep:
+    """One step of a pending approval: a call whose tool needs approval (`channel` ""),
+    or an `effect.stage` on a gated channel. `arguments` is what it was called with,
+    references resolved (an effect: its payload); `arguments_json` the same as sent."""
+
+    step_id: int
+    tool: str
+    channel: str
+    arguments_json: str
+
+    @property
+    def arguments(self) -> Any:
+        return json.loads(self.arguments_json) if self.arguments_json else None
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A transaction awaiting a person's approval (`client.approvals()`): who began it,
+    the steps that need approval, the keys its commit writes, and `digest`, which
+    `client.approve(...)` must name: approving binds to exactly this. Times are unix
+    seconds; at `expires_at` the service rejects it."""
+
+    transaction_id: str
+    principal: str
+    agent_id: str
+    digest: str
+    gated: tuple[GatedStep, ...]
+    write_keys: tuple[str, ...]
+    requested_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class ApprovalPage:
+    approvals: tuple[Approval, ...] = field(default_factory=tuple)
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `client.approve(...)` / `client.reject(...)` return: `status` is COMMITTED
+    (approved and committed now; `effects_dispatched` delivered during the call,
+    `dispatch_errors` retried in the background), REJECTED, or ABORTED (approved, but
+    another transaction had committed a key this one read or wrote: compensated)."""
+
+    status: TransactionStatus
+    steps_committed: int = 0
+    effects_dispatched: int = 0
+    dispatch_errors: tuple[str, ...] = ()
+
+    @property
+    def committed(self) -> bool:
+        return self.status is TransactionStatus.COMMITTED
+
+
 __all__ = [
-    "CommitResult", "ContextEntry", "DeadLetter", "DeadLetterPage", "HistoryStep", "Policy",
+    "Approval", "ApprovalPage", "CommitResult", "ContextEntry", "DeadLetter", "DeadLetterPage",
+    "Decision", "GatedStep", "HistoryStep", "Policy",
     "RollbackResult", "StepResult", "StepStatus", "Strategy", "ToolInfo", "TransactionHistory",
     "TransactionPage", "TransactionState", "TransactionStatus", "TransactionSummary",
 ]

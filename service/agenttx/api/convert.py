@@ -8,7 +8,9 @@ from agenttx.v1 import agenttx_pb2 as pb
 
 from ..effects.deadletters import DeadLetterPage
 from ..engine.model import (
+    ApprovalPage,
     CommitOutcome,
+    DecisionOutcome,
     RollbackOutcome,
     StepOutcome,
     TransactionHistory,
@@ -64,7 +66,25 @@ def step_response(o: StepOutcome) -> pb.ExecuteStepResponse:
 def commit_response(o: CommitOutcome) -> pb.CommitTransactionResponse:
     return pb.CommitTransactionResponse(
         committed=o.committed, steps_committed=o.steps_committed,
-        effects_dispatched=o.effects_dispatched, dispatch_errors=o.dispatch_errors)
+        effects_dispatched=o.effects_dispatched, dispatch_errors=o.dispatch_errors,
+        awaiting_approval=o.awaiting_approval, approval_digest=o.approval_digest)
+
+
+def approvals_response(page: ApprovalPage) -> pb.ListApprovalsResponse:
+    return pb.ListApprovalsResponse(approvals=[pb.Approval(
+        transaction_id=a.transaction_id, principal=a.principal, agent_id=a.agent_id,
+        digest=a.digest, gated=[pb.GatedStep(step_id=g.step_id, tool=g.tool,
+                                             channel=g.channel, arguments_json=g.arguments_json)
+                                for g in a.gated],
+        write_keys=a.write_keys, requested_at=a.requested_at, expires_at=a.expires_at)
+        for a in page.approvals], next_page_token=page.next_page_token)
+
+
+def decision_response(o: DecisionOutcome) -> pb.DecideApprovalResponse:
+    return pb.DecideApprovalResponse(
+        status=TX_STATUS.get(o.status, pb.TRANSACTION_STATUS_UNSPECIFIED),
+        steps_committed=o.steps_committed, effects_dispatched=o.effects_dispatched,
+        dispatch_errors=o.dispatch_errors)
 
 
 def rollback_response(o: RollbackOutcome) -> pb.RollbackTransactionResponse:

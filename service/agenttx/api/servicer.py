@@ -37,7 +37,8 @@ T = TypeVar("T")
 
 SERVICE_NAME = "agenttx.v1.AgentTxService"
 STATE_CHANGING = frozenset({"BeginTransaction", "ExecuteStep", "CommitTransaction",
-                            "RollbackTransaction", "RetryDeadLetter", "DiscardDeadLetter"})
+                            "RollbackTransaction", "DecideApproval", "RetryDeadLetter",
+                            "DiscardDeadLetter"})
 _MESSAGES: dict[str, tuple[Any, Any]] = {
     "BeginTransaction": (pb.BeginTransactionRequest, pb.BeginTransactionResponse),
     "ExecuteStep": (pb.ExecuteStepRequest, pb.ExecuteStepResponse),
@@ -47,6 +48,8 @@ _MESSAGES: dict[str, tuple[Any, Any]] = {
     "ListTransactions": (pb.ListTransactionsRequest, pb.ListTransactionsResponse),
     "GetTransactionHistory": (pb.GetTransactionHistoryRequest, pb.TransactionHistory),
     "ListTools": (pb.ListToolsRequest, pb.ListToolsResponse),
+    "ListApprovals": (pb.ListApprovalsRequest, pb.ListApprovalsResponse),
+    "DecideApproval": (pb.DecideApprovalRequest, pb.DecideApprovalResponse),
     "ListDeadLetters": (pb.ListDeadLettersRequest, pb.ListDeadLettersResponse),
     "RetryDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
     "DiscardDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
@@ -154,7 +157,8 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
             self.rate.check(principal)
         return Caller(principal=principal.name, namespace=principal.namespace,
                       admin=principal.is_admin or principal.name in self.admins,
-                      authenticated=self.authenticator.mode.value != "none")
+                      authenticated=self.authenticator.mode.value != "none",
+                      approver=principal.is_approver)
 
     @_guard
     async def BeginTransaction(self, request: pb.BeginTransactionRequest,  # noqa: N802
@@ -225,6 +229,31 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
                         context: grpc.aio.ServicerContext,
                         caller: Caller) -> pb.ListToolsResponse:
         return convert.tools_response(await self.engine.list_tools(caller))
+
+    # ---- approvals (approvers and admins; docs/approvals.md) ----------------------------
+
+    @_guard
+    async def ListApprovals(self, request: pb.ListApprovalsRequest,  # noqa: N802
+                            context: grpc.aio.ServicerContext,
+                            caller: Caller) -> pb.ListApprovalsResponse:
+        page = await self.engine.list_approvals(
+            caller, page_size=request.page_size,
+            page_token=validation.page_token(request.page_token))
+        return convert.approvals_response(page)
+
+    @_guard
+    async def DecideApproval(self, request: pb.DecideApprovalRequest,  # noqa: N802
+                             context: grpc.aio.ServicerContext,
+                             caller: Caller) -> pb.DecideApprovalResponse:
+        tx_id = validation.transaction_id(request.transaction_id)
+        validation.decision(request.digest, request.approve, request.reason)
+        tx_id = validation.known_transaction_id(tx_id)
+        # the audit line (SPEC §9): who decided what, and how it ended (`outcome`)
+        rpc_context.note(tx=tx_id, decision="approve" if request.approve else "reject",
+                         reason=request.reason[:200])
+        outcome = await self.engine.decide(tx_id, request.digest, request.approve,
+                                           request.reason, caller)
+        return convert.decision_response(outcome)
 
     # ---- dead letters (admin only) ------------------------------------------------------
 

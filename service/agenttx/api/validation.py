@@ -104,6 +104,23 @@ def admin_only(caller: Caller, rpc: str) -> None:
 
 
 MAX_REASON_BYTES = 1024
+DIGEST_HEX_DIGITS = 64  # SHA-256
+
+
+def decision(digest: str, approve: bool, reason: str) -> None:
+    """DecideApproval (docs/approvals.md): approving names the digest the approver saw (64
+    lowercase hex digits); rejecting needs no digest (rejecting is always safe) but a
+    reason, which goes into the history and the audit log."""
+    if approve and (len(digest) != DIGEST_HEX_DIGITS
+                    or any(c not in "0123456789abcdef" for c in digest)):
+        raise InvalidArgument("digest must be the 64 lowercase hex digits ListApprovals "
+                              "shows for the transaction (approving needs it)")
+    if not approve and not reason.strip():
+        raise InvalidArgument("reason is required to reject (it goes into the transaction's "
+                              "history and the audit log)")
+    if _bytes(reason) > MAX_REASON_BYTES:
+        raise InvalidArgument(f"reason is {_bytes(reason)} bytes; the limit is "
+                              f"{MAX_REASON_BYTES}")
 
 
 def dead_letter(idempotency_key: str, reason: str, *, reason_required: bool) -> None:

@@ -7,9 +7,13 @@
     <prefix>/tx/<id>/key/<data id>    one entry per data key the transaction touched:
                                       observed revision (the read set) + buffered write
     <prefix>/tx/<id>/fx/<n:010d>/<i>  effects staged by live step n
+    <prefix>/tx/<id>/gate/<n:010d>/<i>  what live step n will do that needs approval
+                                      (a gated effect or call; docs/approvals.md)
     <prefix>/tx/<id>/meta             BeginTransaction.metadata (audit)
     <prefix>/tx/<id>/intent           a toolset saga call in flight (docs/toolsets.md)
     <prefix>/touch/<id>               last read-only activity (GetTransaction), for the reaper
+    <prefix>/approvals/<id>           a pending approval: what ListApprovals shows (written
+                                      with AWAITING_APPROVAL, deleted when it is decided)
     <prefix>/hist/<id>/h              how an ended transaction ended (GetTransactionHistory)
     <prefix>/hist/<id>/s/<seq:010d>   one entry per step sent, failed attempts included
     <prefix>/open/<principal>/<slot>  one of the principal's --max-open-transactions slots
@@ -148,6 +152,23 @@ class Keys:
     def step_of_effect(self, tx_id: str, key: bytes) -> int:
         """The step id that staged one of the transaction's `effect` keys."""
         return int(_tail(self.effects_prefix(tx_id), key).split(b"/", 1)[0])
+    def gates_prefix(self, tx_id: str) -> bytes:
+        return self._k("tx", tx_id, "gate", "")
+
+    def gate(self, tx_id: str, step_id: int, index: int = 0) -> bytes:
+        """What live step `step_id` will do that needs approval (its `index`-th gated
+        effect, or its gated call): `engine.state.GatedCall`."""
+        return self._k("tx", tx_id, "gate", f"{step_id:010d}", f"{index:04d}")
+
+    # approvals (ListApprovals, DecideApproval)
+    def approval(self, tx_id: str) -> bytes:
+        """The pending approval of a transaction in AWAITING_APPROVAL: written by the
+        commit that asked for it, deleted by whatever ends the wait, so ListApprovals
+        pages through pending approvals only, never through every transaction."""
+        return self._k("approvals", tx_id)
+
+    def approvals_prefix(self) -> bytes:
+        return self._k("approvals", "")
 
     # history (GetTransactionHistory)
     def history_end(self, tx_id: str) -> bytes:
@@ -288,4 +309,16 @@ def describe_data_key(keys: Keys, key: bytes) -> str:
         return f'kv key "{unquote(parts[2])}"'
     if parts[:2] == ["data", "rec"] and len(parts) == 4:
         return f'row id={unquote(parts[3])} in table "{parts[2]}"'
+    return text
+
+
+def data_id(keys: Keys, key: bytes) -> str:
+    """A committed data key as the engine names data (provenance, approvals' write keys):
+    `kv:<key>` or `rec:<table>:<id as JSON>` (`rec:orders:7`, `rec:orders:"7"`)."""
+    text = key.decode()[len(keys.prefix):]
+    parts = text.strip("/").split("/")
+    if parts[:2] == ["data", "kv"] and len(parts) == 3:
+        return f"kv:{unquote(parts[2])}"
+    if parts[:2] == ["data", "rec"] and len(parts) == 4:
+        return f"rec:{parts[2]}:{unquote(parts[3])}"
     return text

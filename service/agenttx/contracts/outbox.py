@@ -242,7 +242,7 @@ def decode_dead_letter(raw: bytes) -> DeadLetter:
 
 
 __all__ = [
-    "IDEMPOTENCY_KEY_MAX_CHARS", "IDEMPOTENCY_KEY_RULE", "KINDS", "KIND_DEFERRED",
+    "DEFERRED_CHANNEL", "IDEMPOTENCY_KEY_MAX_CHARS", "IDEMPOTENCY_KEY_RULE", "KINDS", "KIND_DEFERRED",
     "KIND_EFFECT", "MAX_ERROR_CHARS", "DeadLetter", "OutboxEntry", "decode_dead_letter",
     "decode_entry", "effect_entry", "encode_dead_letter", "encode_entry",
     "idempotency_key_problem",

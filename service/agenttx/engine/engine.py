@@ -19,6 +19,11 @@ test_round_trips.py), on the replica that served the transaction's previous call
 - GetTransaction: 1 (header, context log and the activity mark in one transaction).
 - GetTransactionHistory: 1 (+1 per further page of entries).
 - ListTransactions: 1 per page of headers.
+- CommitTransaction under a policy that requires approvals: +1 read of the gated calls;
+  stopping at the gate is that 1 CAS (+1 write when the notify event is delivered).
+- DecideApproval: 1 read of the whole transaction, then what a commit (approve) or an
+  abort (reject) costs.
+- ListApprovals: 1 per page of pending approvals (never a read of every transaction).
 History (engine.history) adds none: each step's entry and each end record are operations
 inside the transactions above.
 
@@ -43,6 +48,7 @@ from ..store.ops import Compare, Get, KeyValueStore, Put, cmp_absent, cmp_exists
 from ..tools.describe import ToolDescription, describe_all
 from ..tools.registry import Scope, ToolRegistry
 from . import history as hist
+from .approvals import ApprovalDesk
 from .cache import DataCache, TxCache, TxState
 from .commit import Committer, RetentionLease
 from .current import on_current_state
@@ -57,9 +63,11 @@ from .history import (
 from .limits import Limits
 from .model import (
     ANONYMOUS,
+    ApprovalPage,
     Caller,
     CommitOutcome,
     ContextItem,
+    DecisionOutcome,
     RollbackOutcome,
     StepOutcome,
     TransactionHistory,
@@ -71,6 +79,7 @@ from .policy import EffectivePolicy
 from .snapshot import Loader, not_found
 from .state import (
     ACTIVE,
+    AWAITING_APPROVAL,
     TxHeader,
     TxPolicy,
     decode_context,
@@ -109,6 +118,7 @@ class Engine:
         effect_key_retention_s: int = 86400,
         history_retention_s: int = 604800,
         cache_bytes: int = 64 * 1024 * 1024,
+        service_namespace: str = "",
     ) -> None:
         self.store = store
         self.keys = keys
@@ -136,6 +146,10 @@ class Engine:
                                    undoer=self.undoer, txs=self.txs, data=self.data,
                                    dispatcher=dispatcher,
                                    retention=RetentionLease(store, effect_key_retention_s))
+        self.approvals = ApprovalDesk(store=store, keys=keys, loader=self.loader,
+                                      undoer=self.undoer, txs=self.txs,
+                                      committer=self.committer,
+                                      service_namespace=service_namespace)
 
     # ---- begin ---------------------------------------------------------------------------
 
@@ -153,7 +167,8 @@ class Engine:
             policy=TxPolicy(rollback.max_local_depth, rollback.max_global_resets,
                             rollback.replay_budget_factor, policy.idle_timeout_s,
                             policy.sandbox_path or self.default_fs_root, policy.source),
-            created_at=now, updated_at=now)
+            created_at=now, updated_at=now, approval=policy.approval,
+            namespace=caller.namespace)
         note(tx=tx_id, agent_id=agent_id, policy=policy.source)
         hkey = self.keys.tx_header(tx_id)
         tried: set[int] = set()
@@ -234,6 +249,10 @@ class Engine:
                 raise InvalidArgument(
                     f"to_step {to_step} is out of range: it must be lower than "
                     f"next_step_id {h.next_step_id} (or 0 to abort)")
+            if to_step and h.status == AWAITING_APPROVAL:
+                raise FailedPrecondition(
+                    f"transaction {tx_id} awaits approval: roll it back entirely (no "
+                    "to_step) to withdraw it, or wait for the decision")
             return state
 
         async def act(state: TxState) -> RollbackOutcome:
@@ -256,6 +275,9 @@ class Engine:
                                        result.errors)
             if abort:
                 METRICS.transactions_ended.labels("aborted").inc()
+                if h.status == AWAITING_APPROVAL:
+                    METRICS.approval_decisions.labels("withdrawn").inc()
+                    note(withdrawn=True)
             return RollbackOutcome(True, 0 if abort else int(to_step or 0), len(result.done),
                                    [])
 
@@ -370,6 +392,24 @@ class Engine:
                 break
         note(listed=len(out))
         return TransactionPage(out, last if more else "")
+
+    # ---- approvals (docs/approvals.md) ------------------------------------------------------
+
+    async def list_approvals(self, caller: Caller = ANONYMOUS, *, page_size: int = 0,
+                             page_token: str = "") -> ApprovalPage:
+        """ListApprovals: the pending approvals the caller may decide."""
+        return await self.approvals.list(caller, page_size=page_size, page_token=page_token,
+                                         budget=self.limits.response_budget)
+
+    async def decide(self, tx_id: str, digest: str, approve: bool, reason: str,
+                     caller: Caller = ANONYMOUS) -> DecisionOutcome:
+        """DecideApproval: approve (commit now) or reject (compensate) a pending approval."""
+        return await self.approvals.decide(caller, tx_id, digest, approve, reason)
+
+    async def expire_approval(self, tx_id: str, header_rev: int,
+                              fence: Callable[[], Sequence[Compare]]) -> bool:
+        """The reaper: reject a transaction whose approval timed out."""
+        return await self.approvals.expire(tx_id, header_rev, fence)
 
     # ---- tools -----------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ MIN_TEXT_BYTES = 64
 COMMITTED = "COMMITTED"
 ABORTED = "ABORTED"
 EXPIRED = "EXPIRED"
+REJECTED = "REJECTED"      # an approver rejected it, or its approval timed out
 
 
 def truncate_utf8(text: str, limit: int = TEXT_BYTES) -> str:
@@ -94,7 +95,7 @@ class HistoryEntry:
 class Ending:
     """How a transaction ends, decided by whoever ends it."""
 
-    status: str             # COMMITTED | ABORTED | EXPIRED (REJECTED with approvals)
+    status: str             # COMMITTED | ABORTED | EXPIRED | REJECTED
     ended_by: str           # the principal ("" without authentication), or "reaper"
     reason: str = ""
 
@@ -267,6 +268,6 @@ class PinnedLeases:
         return sent
 
 
-__all__ = ["ABORTED", "COMMITTED", "ELLIPSIS", "EXPIRED", "Ending", "HistoryEnd",
+__all__ = ["ABORTED", "COMMITTED", "ELLIPSIS", "EXPIRED", "REJECTED", "Ending", "HistoryEnd",
            "HistoryEntry", "HistoryWriter", "PinnedLeases", "Recorded", "TEXT_BYTES", "fit",
            "history_header_bytes", "read", "truncate_utf8"]

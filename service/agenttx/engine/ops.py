@@ -27,6 +27,7 @@ from ..store.ops import (
     op_delete_prefix,
 )
 from .state import (
+    GatedCall,
     StagedEffect,
     StepRecord,
     Touched,
@@ -34,6 +35,7 @@ from .state import (
     WriteState,
     encode_context,
     encode_effect,
+    encode_gated,
     encode_header,
     encode_step,
     encode_touched,
@@ -80,12 +82,12 @@ class StepChanges:
 
 def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
               record: StepRecord | None, raw_context: str, changes: StepChanges, *,
-              history: Sequence[Put] = ()) -> TxnPlan:
+              history: Sequence[Put] = (), gated: Sequence[GatedCall] = ()) -> TxnPlan:
     """The CAS of a step: new header, the step record (None for a failed step, which
     records only what it observed), its raw_context, touched entries, staged effects,
-    reservations, lock and its history entry. Its failure branch reads back everything
-    it compared, so a lost compare tells the engine what actually changed
-    (`read_back_keys`)."""
+    reservations, lock, its history entry and, when its tool needs approval, its gated
+    call. Its failure branch reads back everything it compared, so a lost compare tells
+    the engine what actually changed (`read_back_keys`)."""
     tx = header.id
     hkey = keys.tx_header(tx)
     compares: list[Compare] = [cmp_mod(hkey, rev)]
@@ -112,6 +114,8 @@ def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
             success.append(Put(changes.lock_new, tx.encode()))
         elif changes.lock_held is not None:
             compares.append(cmp_value(changes.lock_held, tx.encode()))
+        for i, call in enumerate(gated):
+            success.append(Put(keys.gate(tx, record.step_id, i), encode_gated(call)))
     success.extend(history)
     failure: list[Op] = [Get(k) for k in read_back_keys(hkey, compares)]
     return TxnPlan(compares, success, failure)
@@ -183,9 +187,10 @@ def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
                   observed: Mapping[bytes, int] | None = None,
                   history: Sequence[Put] = ()) -> TxnPlan:
     """The CAS that records undone steps (`done`, a suffix of the live steps, in undo
-    order): their records, contexts and effects deleted, their keys' entries restored,
-    their reservations and locks released, the new header written (and the failed
-    step's history entry, when a failure caused it)."""
+    order): their records, contexts, effects and gated calls deleted, their keys'
+    entries restored, their reservations and locks released, the new header written
+    (and the failed step's history entry, when a failure caused it). A transaction that
+    was awaiting approval and does not end here is no longer listed as pending."""
     tx = header.id
     hkey = keys.tx_header(tx)
     compares: list[Compare] = [cmp_mod(hkey, rev), *fence]
@@ -198,6 +203,7 @@ def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
         success.append(op_delete_from(keys.step(tx, first), keys.steps_prefix(tx)))
         success.append(op_delete_from(keys.context(tx, first), keys.context_prefix(tx)))
         success.append(op_delete_from(keys.effect(tx, first, 0), keys.effects_prefix(tx)))
+        success.append(op_delete_from(keys.gate(tx, first, 0), keys.gates_prefix(tx)))
     entries = dict(observations or {})
     entries.update(undone_entries(done))
     for dk, entry in entries.items():
@@ -208,6 +214,8 @@ def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
         if record.fs is not None and record.fs.lock_new:
             compares.append(cmp_value(record.fs.lock_key, tx.encode()))
             success.append(Delete(record.fs.lock_key))
+    if new_header.pending is None:
+        success.extend(leave_approval_ops(keys, header))
     success.extend(history)
     return TxnPlan(compares, success, [Get(k) for k in read_back_keys(hkey, compares)])
 
@@ -221,6 +229,8 @@ def end_ops(keys: Keys, header: TxHeader, *, locks: Iterable[bytes],
                      Delete(keys.tx_touch(tx))]
     if header.quota_slot >= 0:
         ops.append(Delete(keys.open_slot(header.principal, header.quota_slot)))
+    if header.pending is not None:  # it was awaiting approval: no longer listed
+        ops.append(Delete(keys.approval(tx)))
     for lock in dict.fromkeys(locks):
         ops.append(Delete(lock))
     for resv in dict.fromkeys(reservations):
@@ -290,3 +300,25 @@ def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0,
     success.extend(history)  # the end record: one small key
     return TxnPlan(compares, success, [Get(hkey)])
 
+
+
+# ---- approval ------------------------------------------------------------------------
+
+def gate_plan(keys: Keys, header: TxHeader, rev: int, awaiting: TxHeader,
+              approval_record: bytes, notify: Sequence[tuple[bytes, bytes]] = ()) -> TxnPlan:
+    """The commit that stops at the gate (docs/approvals.md): the header becomes
+    AWAITING_APPROVAL (`awaiting`, with its pending digest), the pending approval is
+    listed (`Keys.approval`) and the notify event, if any, enters the outbox, all in one
+    compare-and-swap on the header. Nothing else is written: the data stays buffered
+    until a decision."""
+    hkey = keys.tx_header(header.id)
+    success: list[Op] = [Put(hkey, encode_header(awaiting)),
+                         Put(keys.approval(header.id), approval_record)]
+    success.extend(Put(key, value) for key, value in notify)
+    return TxnPlan([cmp_mod(hkey, rev)], success, [Get(hkey)])
+
+
+def leave_approval_ops(keys: Keys, header: TxHeader) -> list[Op]:
+    """What a transaction that stops awaiting approval without ending (an undo failed
+    while it was rejected) must also write: it is no longer listed."""
+    return [Delete(keys.approval(header.id))] if header.pending is not None else []

@@ -18,10 +18,12 @@ from ..errors import NotFound
 from ..store.ops import Get, KeyValue, KeyValueStore, prefix_end
 from .cache import DataCache, TxCache, TxState
 from .state import (
+    GatedCall,
     StagedEffect,
     StepRecord,
     Touched,
     decode_effect,
+    decode_gated,
     decode_header,
     decode_step,
     decode_touched,
@@ -175,6 +177,15 @@ class Loader:
         state.absent = set()
         self.txs.put(tx_id, state, _cost(state))
         return state
+
+    async def gated(self, tx_id: str) -> list[GatedCall]:
+        """The gated calls of live steps (docs/approvals.md), in step order: read at
+        commit only when the transaction's policy requires approvals."""
+        out: list[GatedCall] = []
+        async for page in self.store.pages(self.keys.gates_prefix(tx_id), page_size=16,
+                                           what="load"):
+            out += [decode_gated(kv.value) for kv in page]
+        return out
 
     # ---- helpers -----------------------------------------------------------------------
 

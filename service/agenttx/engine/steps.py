@@ -25,7 +25,7 @@ import asyncio
 import logging
 import pathlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +34,7 @@ from ..args.jsonargs import dumps
 from ..args.refs import Reference, ReferenceError_, offending_step
 from ..cleaner import clean_error
 from ..contracts.layout import Keys
+from ..contracts.outbox import DEFERRED_CHANNEL
 from ..errors import FailedPrecondition, NotFound, StoreUnavailable
 from ..observability import tracing
 from ..observability.context import note
@@ -69,10 +70,13 @@ from .planner import (
 from .snapshot import Loader, not_found
 from .state import (
     ACTIVE,
+    AWAITING_APPROVAL,
     AWAITING_ROLLBACK,
     Budget,
     FsPending,
     SagaPending,
+    GatedCall,
+    StagedEffect,
     StepRecord,
     Touched,
     TxHeader,
@@ -80,6 +84,7 @@ from .state import (
     decode_header,
     decode_step,
     to_json,
+    encode_gated,
 )
 from .undo import Stale, Target, Undoer
 from .view import StepView
@@ -112,6 +117,12 @@ def require_active(header: TxHeader) -> None:
         raise FailedPrecondition(
             f"transaction {header.id} is waiting for a manual rollback: an undo action "
             "failed; call RollbackTransaction")
+    if header.status == AWAITING_APPROVAL:
+        digest = header.pending.digest if header.pending is not None else ""
+        raise FailedPrecondition(
+            f"transaction {header.id} awaits approval (digest {digest}): no more steps or "
+            "commits; an approver decides it (DecideApproval), or RollbackTransaction "
+            "withdraws it")
     if header.status != ACTIVE:
         raise FailedPrecondition(f"transaction {header.id} is {header.status}")
 
@@ -146,6 +157,7 @@ class Attempt:
     refs: set[int] = field(default_factory=set)
     provenance: dict[str, int] = field(default_factory=dict)
     result: Any = None
+    arguments: Any = None            # resolved (references expanded), once they are
 
     @property
     def header(self) -> TxHeader:
@@ -216,6 +228,8 @@ class Stepper:
 
         def on_stale(stale: Stale, from_cache: bool) -> bool:
             current = stale.header
+            if current is not None and current.status == AWAITING_APPROVAL:
+                require_active(current)  # says that it awaits approval, and what to do
             if current is not None and (current.next_step_id != step_id
                                         or current.status != ACTIVE):
                 raise FailedPrecondition(
@@ -282,6 +296,7 @@ class Stepper:
                 attempt.refs = set(exc.referenced)
                 raise ToolError(exc.message, argument=exc.argument) from None
             attempt.refs, attempt.provenance = set(resolution.referenced), resolution.provenance
+            attempt.arguments = resolution.value
             args = validate_arguments(resolution.value, tool.fields)
             attempt.result = await tool.execute(args, view)
             applied = await self._success(attempt, attempt.result.output)
@@ -307,6 +322,9 @@ class Stepper:
         known = self._known(state, view)
         entries = step_entries(view.before, view.states, view.observed, known)
         delta = _delta(view, known, entries, request.tool_name, request.raw_context)
+        gated = _gated(h, request.step_id, request.tool_name, attempt.arguments, view.effects)
+        if gated:
+            delta = replace(delta, gated_bytes=sum(len(encode_gated(g)) for g in gated))
         fs = view.fs
         record = StepRecord(
             step_id=request.step_id, tool=request.tool_name, attempt=view.attempt,
@@ -332,10 +350,11 @@ class Stepper:
                                 arguments_json=request.arguments_json, output_json=output_json)
         put, new_header = await self.undoer.history.entry(new_header, entry)
         plan = step_plan(self.keys, h, state.rev, new_header, record, request.raw_context,
-                         changes, history=[put])
+                         changes, history=[put], gated=gated)
         message = check_step(self.limits, new_header.budget, step_compares=len(plan.compares),
                              step_ops=len(plan.success), step_bytes=plan.request_bytes,
-                             output_bytes=len(output_json.encode()), constraints=h.constraints)
+                             output_bytes=len(output_json.encode()), constraints=h.constraints,
+                             approval=h.approval is not None)
         if message is not None:
             raise ToolError(message)
         return Applied(record, new_header, changes, plan, output_json)
@@ -637,6 +656,25 @@ def _count_failure(tool_label: str, outcome: StepOutcome) -> None:
     METRICS.rollbacks.labels(outcome.strategy.value.lower()).inc()
     METRICS.rollback_duration.labels(outcome.strategy.value.lower()).observe(
         outcome.rollback_latency_ms / 1000.0)
+
+
+def _gated(header: TxHeader, step_id: int, tool: str, arguments: Any,
+           effects: Sequence[StagedEffect]) -> tuple[GatedCall, ...]:
+    """What this step will do that needs approval under the transaction's policy
+    (docs/approvals.md), recorded with the step: each effect it staged on a listed
+    channel (or staged while its tool matches a glob), with its payload; else, when its
+    tool matches a glob, its call with the resolved arguments (a deferred toolset call
+    included: the call it staged on its toolset's pseudo-channel is exactly that)."""
+    approval = header.approval
+    if approval is None:
+        return ()
+    tool_gated = approval.gates_tool(tool)
+    staged = [e for e in effects if not e.channel.startswith(DEFERRED_CHANNEL)]
+    out = [GatedCall(step_id, tool, e.channel, e.payload) for e in staged
+           if tool_gated or approval.gates_channel(e.channel)]
+    if tool_gated and not staged:
+        out.append(GatedCall(step_id, tool, "", arguments))
+    return tuple(out)
 
 
 def _tool_label(tools: ToolRegistry, name: str) -> str:

@@ -206,7 +206,7 @@ class Undoer:
         now = time.time()
         if errors:
             new = replace(header, status=AWAITING_ROLLBACK, attempts=0, undoing=None,
-                          fs_pending=None, budget=budget, updated_at=now,
+                          fs_pending=None, pending=None, budget=budget, updated_at=now,
                           saga_pending=None if saga is None or saga_error is None else
                           replace(saga, reported=saga.reported or target.release_unknown),
                           next_step_id=min(done) if done else header.next_step_id,
@@ -234,7 +234,8 @@ class Undoer:
             note(undo_ms=round((time.perf_counter() - started) * 1000, 2))
             return UndoResult([], done, None)
         new = replace(header, status=ACTIVE, next_step_id=target.next_step_id, attempts=0,
-                      undoing=None, fs_pending=None, saga_pending=None, budget=budget,
+                      undoing=None, fs_pending=None, saga_pending=None, pending=None,
+                      budget=budget,
                       updated_at=now,
                       global_resets=header.global_resets if target.global_resets is None
                       else target.global_resets,

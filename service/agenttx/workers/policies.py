@@ -15,6 +15,7 @@ from typing import Any
 from ..contracts.layout import Keys
 from ..engine.model import ANONYMOUS, Caller
 from ..engine.policy import (
+    ApprovalSettings,
     EffectivePolicy,
     PublishedPolicy,
     RollbackSettings,
@@ -31,8 +32,10 @@ log = logging.getLogger(__name__)
 
 class PolicyCache(Watch):
     def __init__(self, store: Store, keys: Keys, defaults: RollbackSettings,
-                 default_idle_timeout_s: int, service_namespace: str = "") -> None:
+                 default_idle_timeout_s: int, service_namespace: str = "", *,
+                 default_approval: ApprovalSettings | None = None) -> None:
         super().__init__(store, keys.policies_prefix(), prefix=True, what="policy")
+        self.default_approval = default_approval
         self.keys = keys
         self.defaults = defaults
         self.default_idle_timeout_s = default_idle_timeout_s
@@ -82,4 +85,5 @@ class PolicyCache(Watch):
             published=chosen,
             request_max_local_depth=overrides.get("max_local_depth"),
             request_max_global_resets=overrides.get("max_global_resets"),
-            request_replay_budget_factor=overrides.get("replay_budget_factor"))
+            request_replay_budget_factor=overrides.get("replay_budget_factor"),
+            default_approval=self.default_approval)

@@ -1,5 +1,10 @@
-"""Abort and compensate transactions idle longer than their idle timeout; sweep stray
-fs temp files; report how many transactions are open.
+"""Abort and compensate transactions idle longer than their idle timeout; reject those
+whose approval timed out; sweep stray fs temp files; report how many transactions are
+open and how many await approval.
+
+A transaction awaiting approval is never idle (a person, not the agent, is to act next):
+the reaper leaves it alone until its approval expires, then rejects it (REJECTED,
+"approval timed out", ended by "reaper"; docs/approvals.md).
 
 Runs on exactly one replica at a time: the holder of `<prefix>/leader/reaper` (an etcd
 lease). A lease is not mutual exclusion (a paused ex-holder may wake up), so every
@@ -23,7 +28,7 @@ from collections.abc import Callable, Iterable
 from ..contracts.layout import Keys
 from ..engine import sandbox
 from ..engine.engine import Engine
-from ..engine.state import AWAITING_ROLLBACK, decode_header
+from ..engine.state import AWAITING_APPROVAL, AWAITING_ROLLBACK, decode_header
 from ..observability.metrics import METRICS
 from ..store.client import Store
 from ..store.lease import LeaderLease, NotLeader
@@ -66,6 +71,8 @@ class Reaper:
                     else:
                         METRICS.open_transactions.set(0)
                         METRICS.awaiting_rollback.set(0)
+                        METRICS.approvals_pending.set(0)
+                        METRICS.approval_oldest_age.set(0)
                 except asyncio.CancelledError:
                     raise
                 except NotLeader:
@@ -77,9 +84,11 @@ class Reaper:
             await self.lease.resign()
 
     async def sweep(self) -> int:
-        """One pass over the transaction headers; returns how many were expired."""
+        """One pass over the transaction headers; returns how many were expired (idle, or
+        their approval timed out)."""
         now = time.time()
-        expired = opened = awaiting = 0
+        expired = opened = awaiting = pending = 0
+        oldest = 0.0
         pinned: set[int] = set()
         timeout: float
         async for page in self.store.pages(self.keys.headers_prefix(), what="reaper scan"):
@@ -89,6 +98,21 @@ class Reaper:
                 opened += 1
                 pinned.add(header.history_lease)
                 awaiting += header.status == AWAITING_ROLLBACK
+                if header.status == AWAITING_APPROVAL:
+                    if header.pending is None or now < header.pending.expires_at:
+                        pending += 1
+                        if header.pending is not None:
+                            oldest = max(oldest, now - header.pending.requested_at)
+                        continue
+                    if not self.lease.is_leader:
+                        raise NotLeader("reaper term ended mid-sweep")
+                    if await self.engine.expire_approval(header.id, kv.mod_revision,
+                                                         self.lease.fence):
+                        expired += 1
+                        opened -= 1
+                    else:
+                        pending += 1
+                    continue
                 timeout = header.policy.idle_timeout_s or self.default_idle_timeout_s
                 if now - header.updated_at >= timeout:
                     idle.append((header.id, kv.mod_revision, timeout))
@@ -109,6 +133,8 @@ class Reaper:
         await self.engine.keep_history_alive(pinned)
         METRICS.open_transactions.set(opened)
         METRICS.awaiting_rollback.set(awaiting)
+        METRICS.approvals_pending.set(pending)
+        METRICS.approval_oldest_age.set(oldest)
         return expired
 
     async def sweep_temp_files(self) -> int:

@@ -7,6 +7,7 @@ gating, and no drift between the chart's CRD and crds/.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import helm_python
 import pytest
 import yaml
 
+from agenttx.config import DefaultPolicy
 from support.chart import (
     CHART,
     EXTERNAL_TLS,
@@ -135,6 +137,17 @@ def test_effect_channels_and_default_policy_reach_the_env(chart: helm_python.Cha
         "audit": {"kind": "webhook", "url": "http://hook"}}
     assert e["AGENTTX_DEFAULT_POLICY__MAX_LOCAL_DEPTH"] == "0"
     assert e["AGENTTX_DEFAULT_POLICY__REPLAY_BUDGET_FACTOR"] == "1.5"
+    # nothing needs approval unless the platform team says so; the JSON is the setting's
+    assert json.loads(e["AGENTTX_DEFAULT_POLICY__APPROVAL"]) == {
+        "required": [], "approvers": [], "timeoutSeconds": 86400, "notifyChannel": ""}
+    approval = {"required": [{"channel": "payments"}, {"tool": "tickets.*"}],
+                "approvers": [], "timeoutSeconds": 3600, "notifyChannel": "ops"}
+    docs = render(chart, {"service": {"defaultPolicy": {"approval": approval}}})
+    e = env(container(one(docs, "Deployment", "agenttx"), "agenttx"))
+    assert json.loads(e["AGENTTX_DEFAULT_POLICY__APPROVAL"]) == approval
+    # ...and the service reads it as the setting it is
+    setting = DefaultPolicy(approval=e["AGENTTX_DEFAULT_POLICY__APPROVAL"])
+    assert setting.approval_settings().timeout_s == 3600
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert volumes["fs-root"] == {"name": "fs-root",
                                   "persistentVolumeClaim": {"claimName": "shared-fs"}}
@@ -413,6 +426,8 @@ def test_crds_are_gated(chart: helm_python.Chart) -> None:
 
 @pytest.mark.parametrize("values", [
     {"service": {"defaultPolicy": {"maxLocalDepth": 17}}},
+    {"service": {"defaultPolicy": {"approval": {"required": [{"tool": "a", "channel": "b"}]}}}},
+    {"service": {"defaultPolicy": {"approval": {"timeoutSeconds": 1}}}},
     {"service": {"replicas": 0}},
     {"etcd": {"replicas": 2}},
     {"image": {"pullPolicy": "Sometimes"}},
@@ -468,7 +483,6 @@ def test_every_value_is_commented() -> None:
 def test_every_value_is_in_the_schema() -> None:
     """Each key of values.yaml is declared in values.schema.json, down to where the schema
     deliberately takes a free-form map (resources, labels, selectors, ...)."""
-    import json
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     schema = json.loads((CHART / "values.schema.json").read_text())

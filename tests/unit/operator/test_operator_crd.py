@@ -122,6 +122,22 @@ def test_schema_ranges_are_the_api_ranges(schema: dict[str, Any]) -> None:
     assert sandbox["reclaimPolicy"]["default"] == "Delete"
     assert sandbox["accessModes"]["items"]["enum"] == list(sandboxes.ACCESS_MODES)
     assert sandbox["size"]["pattern"] == sandboxes.QUANTITY_RE.pattern
+    approval = schema["properties"]["spec"]["properties"]["approval"]["properties"]
+    assert (approval["timeoutSeconds"]["minimum"], approval["timeoutSeconds"]["maximum"]) == (
+        engine_policy.APPROVAL_TIMEOUT_MIN_S, engine_policy.APPROVAL_TIMEOUT_MAX_S)
+    assert approval["required"]["maxItems"] == engine_policy.APPROVAL_MAX_REQUIREMENTS
+    requirement = approval["required"]["items"]
+    assert set(requirement["properties"]) == set(engine_policy.REQUIREMENT_KINDS)
+    assert requirement["minProperties"] == requirement["maxProperties"] == 1
+    for kind in engine_policy.REQUIREMENT_KINDS:
+        assert requirement["properties"][kind]["maxLength"] == \
+            engine_policy.APPROVAL_PATTERN_MAX_CHARS
+    assert approval["approvers"]["maxItems"] == engine_policy.APPROVAL_MAX_APPROVERS
+    assert approval["approvers"]["items"]["maxLength"] == \
+        engine_policy.APPROVAL_PRINCIPAL_MAX_CHARS
+    assert approval["notifyChannel"]["maxLength"] == engine_policy.APPROVAL_PATTERN_MAX_CHARS
+    # no CRD default: an unset timeout shows the default policy's through
+    assert "default" not in approval["timeoutSeconds"]
 
 
 def test_status_declares_what_the_operator_writes(schema: dict[str, Any]) -> None:
@@ -139,15 +155,21 @@ def test_status_declares_what_the_operator_writes(schema: dict[str, Any]) -> Non
 def test_printer_columns(crd: dict[str, Any], schema: dict[str, Any]) -> None:
     (version,) = crd["spec"]["versions"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns)[:6] == ["Priority", "Selector", "Depth", "Resets", "Budget", "Ready"]
+    assert list(columns)[:8] == ["Priority", "Selector", "Depth", "Resets", "Budget",
+                                 "Approval Tools", "Approval Channels", "Ready"]
     assert "Age" in columns
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Approval Tools"]["jsonPath"] == ".spec.approval.required[*].tool"
+    assert columns["Approval Channels"]["jsonPath"] == ".spec.approval.required[*].channel"
     for c in columns.values():
         if c["name"] in ("Ready", "Reason", "Age"):
             continue
         node = schema
         for part in c["jsonPath"].lstrip(".").split("."):
-            node = node["properties"][part]
+            name, _, wildcard = part.partition("[*]")
+            node = node["properties"][name]
+            if part.endswith("[*]"):
+                node = node["items"]
         assert node["type"] == c["type"], c
 
 
