@@ -63,13 +63,18 @@ from .errors import (
     Unavailable,
 )
 from .types import (
+    Approval,
+    ApprovalPage,
     CommitResult,
     ContextEntry,
     DeadLetter,
     DeadLetterPage,
+    Decision,
+    GatedStep,
     HistoryStep,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     StepStatus,
     Strategy,
@@ -82,6 +87,7 @@ from .types import (
 )
 
 __all__ = [
+    "Approval", "ApprovalPage", "Decision", "GatedStep", "ServiceStatus",
     "__version__", "DEFAULT_TARGET", "TLS", "AgentTxError", "AsyncClient", "AsyncTransaction",
     "Cancelled", "Client", "CommitResult", "Conflict", "ContextEntry", "DeadLetter",
     "DeadLetterPage", "DeadlineExceeded", "FailedPrecondition", "HistoryStep", "Internal",

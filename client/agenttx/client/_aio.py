@@ -20,11 +20,15 @@ from ._core import TLS
 from ._flows import Flow
 from .errors import AgentTxError, from_rpc_error
 from .types import (
+    Approval,
+    ApprovalPage,
     CommitResult,
     DeadLetter,
     DeadLetterPage,
+    Decision,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     ToolInfo,
     TransactionHistory,
@@ -213,6 +217,39 @@ class AsyncClient(_core.HasEndpoints):
         service's audit log. The key stays reserved for the retention window."""
         await self._drive(_flows.dead_letter_action("DiscardDeadLetter", idempotency_key, reason,
                                                    principal))
+
+    # -- status and approvals
+    async def status(self) -> ServiceStatus:
+        """GetServiceStatus: etcd reachability, open transactions, outbox depth, dead
+        letters (the deployment's counts), and who the service takes this caller for."""
+        return await self._drive(_flows.status(len(self.targets)))
+
+    async def approvals_page(self, *, page_size: int = 100,
+                       page_token: str = "") -> ApprovalPage:
+        """One page of ListApprovals: transactions awaiting a person's approval
+        (approvers and admins; others PERMISSION_DENIED)."""
+        return await self._drive(_flows.approvals_page(page_size, page_token, len(self.targets)))
+
+    async def approvals(self, *, page_size: int = 100) -> AsyncIterator[Approval]:
+        """Every pending approval the caller may decide, fetched a page at a time."""
+        token = ""
+        while True:
+            page = await self.approvals_page(page_size=page_size, page_token=token)
+            for approval in page.approvals:
+                yield approval
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def approve(self, transaction_id: str, digest: str, *, reason: str = "") -> Decision:
+        """DecideApproval(approve): commits now if `digest` is still what is pending
+        (else FailedPrecondition). Never the principal that began the transaction."""
+        return await self._drive(_flows.decide(transaction_id, digest, True, reason))
+
+    async def reject(self, transaction_id: str, reason: str) -> Decision:
+        """DecideApproval(reject): the transaction is compensated and ends REJECTED with
+        `reason` (which the agent reads in its history)."""
+        return await self._drive(_flows.decide(transaction_id, "", False, reason))
 
 
 class _AsyncTransactionBlock:

@@ -30,13 +30,18 @@ from ..v1 import agenttx_pb2 as pb
 from ._version import __version__
 from .errors import AgentTxError, NotFound, OutcomeUnknown
 from .types import (
+    Approval,
+    ApprovalPage,
     CommitResult,
     ContextEntry,
     DeadLetter,
     DeadLetterPage,
+    Decision,
+    GatedStep,
     HistoryStep,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     StepStatus,
     Strategy,
@@ -320,6 +325,36 @@ def dead_letter_page(resp: pb.ListDeadLettersResponse) -> DeadLetterPage:
         DeadLetter(d.idempotency_key, d.transaction_id, d.channel, d.kind, d.last_error,
                    d.attempts, d.dead_at, d.principal)
         for d in resp.dead_letters), resp.next_page_token)
+
+
+def service_status(resp: pb.ServiceStatus) -> ServiceStatus:
+    return ServiceStatus(resp.etcd_reachable, resp.open_transactions, resp.outbox_depth,
+                         resp.dead_letters, resp.approvals_pending, resp.replica_id,
+                         resp.version, resp.principal, resp.admin)
+
+
+def approvals_request(page_size: int, page_token: str) -> pb.ListApprovalsRequest:
+    return pb.ListApprovalsRequest(page_size=page_size, page_token=page_token)
+
+
+def approval_page(resp: pb.ListApprovalsResponse) -> ApprovalPage:
+    return ApprovalPage(tuple(
+        Approval(a.transaction_id, a.principal, a.agent_id, a.digest,
+                 tuple(GatedStep(g.step_id, g.tool, g.channel, g.arguments_json)
+                       for g in a.gated),
+                 tuple(a.write_keys), a.requested_at, a.expires_at)
+        for a in resp.approvals), resp.next_page_token)
+
+
+def decide_request(tx_id: str, digest: str, approve: bool, reason: str
+                   ) -> pb.DecideApprovalRequest:
+    return pb.DecideApprovalRequest(transaction_id=tx_id, digest=digest, approve=approve,
+                                    reason=reason)
+
+
+def decision(resp: pb.DecideApprovalResponse) -> Decision:
+    return Decision(_tx_status(resp.status), resp.steps_committed, resp.effects_dispatched,
+                    tuple(resp.dispatch_errors))
 
 
 # ---- lost answers ----------------------------------------------------------------------

@@ -38,10 +38,13 @@ from .errors import (
     TransactionEnded,
 )
 from .types import (
+    ApprovalPage,
     CommitResult,
     DeadLetterPage,
+    Decision,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     ToolInfo,
     TransactionHistory,
@@ -193,6 +196,33 @@ def dead_letter_action(method: str, idempotency_key: str, reason: str,
     if method == "DiscardDeadLetter" and (not isinstance(reason, str) or not reason.strip()):
         raise InvalidArgument("discarding a dead letter needs a reason (it is audited)")
     yield Call(method, _core.dead_letter_request(idempotency_key, reason, principal))
+
+
+def status(targets: int) -> Flow[ServiceStatus]:
+    resp = yield from read("GetServiceStatus", pb.GetServiceStatusRequest(), targets)
+    return _core.service_status(resp)
+
+
+def approvals_page(page_size: int, page_token: str, targets: int) -> Flow[ApprovalPage]:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise InvalidArgument(f"page_size must be an integer >= 1, not {page_size!r}")
+    resp = yield from read("ListApprovals", _core.approvals_request(page_size, page_token),
+                           targets)
+    return _core.approval_page(resp)
+
+
+def decide(transaction_id: str, digest: str, approve: bool, reason: str) -> Flow[Decision]:
+    """DecideApproval: never retried on a lost answer (the decision may have applied:
+    read the history to see how the transaction ended)."""
+    _check_id(transaction_id)
+    if approve and (not isinstance(digest, str) or not digest):
+        raise InvalidArgument("approving needs the digest of what you approve (ListApprovals "
+                              "shows it)")
+    if not approve and (not isinstance(reason, str) or not reason.strip()):
+        raise InvalidArgument("rejecting needs a reason (the agent reads it in the history)")
+    resp = yield Call("DecideApproval", _core.decide_request(transaction_id, digest or "",
+                                                             approve, reason))
+    return _core.decision(resp)
 
 
 def attach_state(transaction_id: str, next_step_id: int | None) -> None:
@@ -438,5 +468,6 @@ def _note(exc: BaseException | None, text: str) -> None:
         exc.add_note(text)
 
 
-__all__ = ["Call", "ClientSettings", "Flow", "TxCore", "attach_state", "begin",
-           "check_to_step", "get", "history", "list_page", "read", "rollback", "tools"]
+__all__ = ["Call", "ClientSettings", "Flow", "TxCore", "approvals_page", "attach_state",
+           "begin", "check_to_step", "decide", "get", "history", "list_page", "read",
+           "rollback", "status", "tools"]

@@ -20,11 +20,15 @@ from ._core import TLS
 from ._flows import Flow
 from .errors import AgentTxError, from_rpc_error
 from .types import (
+    Approval,
+    ApprovalPage,
     CommitResult,
     DeadLetter,
     DeadLetterPage,
+    Decision,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     ToolInfo,
     TransactionHistory,
@@ -237,6 +241,38 @@ class Client(_core.HasEndpoints):
         service's audit log. The key stays reserved for the retention window."""
         self._drive(_flows.dead_letter_action("DiscardDeadLetter", idempotency_key, reason,
                                                    principal))
+
+    # -- status and approvals
+    def status(self) -> ServiceStatus:
+        """GetServiceStatus: etcd reachability, open transactions, outbox depth, dead
+        letters (the deployment's counts), and who the service takes this caller for."""
+        return self._drive(_flows.status(len(self.targets)))
+
+    def approvals_page(self, *, page_size: int = 100,
+                       page_token: str = "") -> ApprovalPage:
+        """One page of ListApprovals: transactions awaiting a person's approval
+        (approvers and admins; others PERMISSION_DENIED)."""
+        return self._drive(_flows.approvals_page(page_size, page_token, len(self.targets)))
+
+    def approvals(self, *, page_size: int = 100) -> Iterator[Approval]:
+        """Every pending approval the caller may decide, fetched a page at a time."""
+        token = ""
+        while True:
+            page = self.approvals_page(page_size=page_size, page_token=token)
+            yield from page.approvals
+            token = page.next_page_token
+            if not token:
+                return
+
+    def approve(self, transaction_id: str, digest: str, *, reason: str = "") -> Decision:
+        """DecideApproval(approve): commits now if `digest` is still what is pending
+        (else FailedPrecondition). Never the principal that began the transaction."""
+        return self._drive(_flows.decide(transaction_id, digest, True, reason))
+
+    def reject(self, transaction_id: str, reason: str) -> Decision:
+        """DecideApproval(reject): the transaction is compensated and ends REJECTED with
+        `reason` (which the agent reads in its history)."""
+        return self._drive(_flows.decide(transaction_id, "", False, reason))
 
 
 class Transaction:

@@ -274,7 +274,69 @@ class TransactionPage:
     next_page_token: str = ""
 
 
+@dataclass(frozen=True)
+class ServiceStatus:
+    """`client.status()`: a summary of the deployment for status displays. The counts
+    are the whole deployment's (every principal's) and 0 when `etcd_reachable` is False
+    (the replica that answered could not reach etcd); `principal` and `admin` say who
+    the service took the caller for ("" and True without authentication)."""
+
+    etcd_reachable: bool
+    open_transactions: int
+    outbox_depth: int
+    dead_letters: int
+    approvals_pending: int
+    replica_id: str
+    version: str
+    principal: str = ""
+    admin: bool = False
+
+
+@dataclass(frozen=True)
+class GatedStep:
+    """A step that needs a person's approval: its tool, the effect `channel` for
+    `effect.stage` steps, and its resolved arguments (or the effect's payload)."""
+
+    step_id: int
+    tool: str
+    channel: str
+    arguments_json: str
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A transaction awaiting approval (`client.approvals()`): `digest` names exactly
+    what is to be approved (the gated steps and the write set); times are unix seconds."""
+
+    transaction_id: str
+    principal: str
+    agent_id: str
+    digest: str
+    gated: tuple[GatedStep, ...]
+    write_keys: tuple[str, ...]
+    requested_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class ApprovalPage:
+    approvals: tuple[Approval, ...] = field(default_factory=tuple)
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `client.approve()` / `client.reject()` return: `status` is COMMITTED,
+    REJECTED, or ABORTED (approved, but a key changed since: compensated)."""
+
+    status: TransactionStatus
+    steps_committed: int
+    effects_dispatched: int
+    dispatch_errors: tuple[str, ...]
+
+
 __all__ = [
+    "Approval", "ApprovalPage", "Decision", "GatedStep", "ServiceStatus",
     "CommitResult", "ContextEntry", "DeadLetter", "DeadLetterPage", "HistoryStep", "Policy",
     "RollbackResult", "StepResult", "StepStatus", "Strategy", "ToolInfo", "TransactionHistory",
     "TransactionPage", "TransactionState", "TransactionStatus", "TransactionSummary",

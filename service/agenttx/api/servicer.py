@@ -28,6 +28,7 @@ from ..errors import AgentTxError, FailedPrecondition, InvalidArgument
 from ..observability import context as rpc_context
 from ..observability import tracing
 from ..observability.metrics import METRICS
+from ..version import __version__
 from . import convert, validation
 from .status import status_for
 
@@ -50,6 +51,7 @@ _MESSAGES: dict[str, tuple[Any, Any]] = {
     "ListDeadLetters": (pb.ListDeadLettersRequest, pb.ListDeadLettersResponse),
     "RetryDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
     "DiscardDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
+    "GetServiceStatus": (pb.GetServiceStatusRequest, pb.ServiceStatus),
 }
 
 
@@ -225,6 +227,13 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
                         context: grpc.aio.ServicerContext,
                         caller: Caller) -> pb.ListToolsResponse:
         return convert.tools_response(self.engine.list_tools(caller))
+
+    @_guard
+    async def GetServiceStatus(self, request: pb.GetServiceStatusRequest,  # noqa: N802
+                               context: grpc.aio.ServicerContext,
+                               caller: Caller) -> pb.ServiceStatus:
+        counts = await self.engine.status()
+        return convert.status_response(counts, self.engine.replica_id, __version__, caller)
 
     # ---- dead letters (admin only) ------------------------------------------------------
 

@@ -78,6 +78,7 @@ from .state import (
     encode_header,
     to_json,
 )
+from .status import ServiceCounts, read_counts
 from .steps import Stepper, require_owner
 from .undo import Stale, Target, Undoer, write_interrupted
 
@@ -366,6 +367,10 @@ class Engine:
                 break
         note(listed=len(out))
         return TransactionPage(out, last if more else "")
+
+    async def status(self) -> ServiceCounts:
+        """GetServiceStatus' counts: count-only reads, never a value (engine.status)."""
+        return await read_counts(self.store, self.keys)
 
     # ---- tools -----------------------------------------------------------------------------
 
