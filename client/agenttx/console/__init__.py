@@ -70,14 +70,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _listen(ns: argparse.Namespace) -> tuple[str, int]:
+    """Where to listen, after the checks of the flags alone (no file is read)."""
     from ..mcp_server import _split_listen, is_loopback
 
     host, port = _split_listen(ns.listen)
     if bool(ns.tls_cert_file) != bool(ns.tls_key_file):
         raise ValueError("--tls-cert-file and --tls-key-file go together")
-    for flag, path in (("--tls-cert-file", ns.tls_cert_file), ("--tls-key-file", ns.tls_key_file)):
-        if path and not os.path.isfile(path):
-            raise ValueError(f"{flag} {path}: no such file")
     if not is_loopback(host) and not ns.tls_cert_file and not ns.allow_insecure_remote:
         raise ValueError(f"--listen {ns.listen} is not a loopback address: give "
                          "--tls-cert-file and --tls-key-file (or --allow-insecure-remote "
@@ -100,6 +98,10 @@ def run(ns: argparse.Namespace) -> int:
     logs.setup(ns.log_format, ns.log_level)
     try:
         host, port = _listen(ns)
+        for flag, path in (("--tls-cert-file", ns.tls_cert_file),
+                           ("--tls-key-file", ns.tls_key_file)):
+            if path and not os.path.isfile(path):
+                raise ValueError(f"{flag} {path}: no such file")
         connection = connection_from_args(ns)
     except ValueError as exc:
         print(f"agenttx console: {exc}", file=sys.stderr)
