@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import grpc
 import jinja2
@@ -320,7 +320,7 @@ class Console:
         if not tx_id:
             s.say("error", "Give a transaction id to look up.")
             return RedirectResponse("/transactions", status_code=303)
-        return RedirectResponse(f"/transactions/{tx_id}", status_code=303)
+        return RedirectResponse(f"/transactions/{quote(tx_id, safe='')}", status_code=303)
 
     async def transaction(self, request: Request, s: Session) -> Response:
         tx_id = request.path_params["tx_id"]
