@@ -251,7 +251,7 @@ class Console:
                                  target=self.settings.target)
             log.info("sign-in refused", extra={"code": err.code.name})
             return await self.render(request, "signin.html", s, status=401, error=error,
-                               **await self._probe())
+                                     **await self._probe())
         authenticated = bool(token) and bool(status.principal)
         s = await self.sessions.sign_in(s, client, status.principal, status.admin,
                                         authenticated)
