@@ -1,10 +1,10 @@
 """GetServiceStatus: how many transactions are open, effects wait and letters lie dead.
 
 Why counts only: a status display (the console's status strip, docs/console.md) is
-refreshed every few seconds by every person looking at it, so its cost must not grow with
-what the deployment holds. Each number is one etcd range read with `count_only` (etcd
-answers the count without sending a single key or value), all sent at once: a status
-costs the same with ten open transactions or a million.
+refreshed every few seconds by every person looking at it, so it must never carry what
+the deployment holds. Each number is one etcd range read with `count_only` (etcd counts
+the keys in its index and answers with the number alone, never a key or a value), the
+three sent at once: one round trip's latency, a few bytes each.
 
 What it must never do: read values, or fail because etcd is unreachable. A display that
 errors exactly when etcd is down hides the one thing it should show; instead the answer
