@@ -79,6 +79,7 @@ from .types import (
     HistoryStep,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     StepStatus,
     Strategy,
@@ -92,7 +93,7 @@ from .types import (
 
 __all__ = [
     "__version__", "DEFAULT_TARGET", "TLS", "AgentTxError", "Approval", "ApprovalPage",
-    "AsyncClient", "AsyncTransaction",
+    "AsyncClient", "AsyncTransaction", "ServiceStatus",
     "Cancelled", "Client", "CommitResult", "Conflict", "ContextEntry", "DeadLetter",
     "DeadLetterPage", "DeadlineExceeded", "Decision", "FailedPrecondition", "GatedStep",
     "HistoryStep", "Internal",

@@ -29,6 +29,7 @@ from .types import (
     Decision,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     ToolInfo,
     TransactionHistory,
@@ -248,6 +249,12 @@ class AsyncClient(_core.HasEndpoints):
         service's audit log. The key stays reserved for the retention window."""
         await self._drive(_flows.dead_letter_action("DiscardDeadLetter", idempotency_key, reason,
                                                    principal))
+
+    # -- status
+    async def status(self) -> ServiceStatus:
+        """GetServiceStatus: etcd reachability, open transactions, outbox depth, dead
+        letters (the deployment's counts), and who the service takes this caller for."""
+        return await self._drive(_flows.status(len(self.targets)))
 
 
 class _AsyncTransactionBlock:

@@ -41,6 +41,7 @@ from .types import (
     HistoryStep,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     StepStatus,
     Strategy,
@@ -334,6 +335,12 @@ def dead_letter_page(resp: pb.ListDeadLettersResponse) -> DeadLetterPage:
         DeadLetter(d.idempotency_key, d.transaction_id, d.channel, d.kind, d.last_error,
                    d.attempts, d.dead_at, d.principal)
         for d in resp.dead_letters), resp.next_page_token)
+
+
+def service_status(resp: pb.ServiceStatus) -> ServiceStatus:
+    return ServiceStatus(resp.etcd_reachable, resp.open_transactions, resp.outbox_depth,
+                         resp.dead_letters, resp.approvals_pending, resp.replica_id,
+                         resp.version, resp.principal, resp.admin)
 
 
 def approval_page(resp: pb.ListApprovalsResponse) -> ApprovalPage:

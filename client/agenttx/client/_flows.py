@@ -47,6 +47,7 @@ from .types import (
     Decision,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     ToolInfo,
     TransactionHistory,
@@ -211,6 +212,11 @@ def dead_letter_action(method: str, idempotency_key: str, reason: str,
     if method == "DiscardDeadLetter" and (not isinstance(reason, str) or not reason.strip()):
         raise InvalidArgument("discarding a dead letter needs a reason (it is audited)")
     yield Call(method, _core.dead_letter_request(idempotency_key, reason, principal))
+
+
+def status(targets: int) -> Flow[ServiceStatus]:
+    resp = yield from read("GetServiceStatus", pb.GetServiceStatusRequest(), targets)
+    return _core.service_status(resp)
 
 
 def approvals_page(page_size: int, page_token: str, targets: int) -> Flow[ApprovalPage]:
@@ -521,4 +527,4 @@ def _note(exc: BaseException | None, text: str) -> None:
 
 __all__ = ["Call", "ClientSettings", "Flow", "Sleep", "TxCore", "approvals_page",
            "attach_state", "begin", "check_to_step", "decide", "get", "history", "list_page",
-           "read", "rollback", "tools", "wait_for_decision"]
+           "read", "rollback", "status", "tools", "wait_for_decision"]

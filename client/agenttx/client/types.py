@@ -285,6 +285,24 @@ class TransactionPage:
 
 
 @dataclass(frozen=True)
+class ServiceStatus:
+    """`client.status()`: a summary of the deployment for status displays. The counts
+    are the whole deployment's (every principal's) and 0 when `etcd_reachable` is False
+    (the replica that answered could not reach etcd); `principal` and `admin` say who
+    the service took the caller for ("" and True without authentication)."""
+
+    etcd_reachable: bool
+    open_transactions: int
+    outbox_depth: int
+    dead_letters: int
+    approvals_pending: int
+    replica_id: str
+    version: str
+    principal: str = ""
+    admin: bool = False
+
+
+@dataclass(frozen=True)
 class GatedStep:
     """One step of a pending approval: a call whose tool needs approval (`channel` ""),
     or an `effect.stage` on a gated channel. `arguments` is what it was called with,
@@ -342,7 +360,7 @@ class Decision:
 
 __all__ = [
     "Approval", "ApprovalPage", "CommitResult", "ContextEntry", "DeadLetter", "DeadLetterPage",
-    "Decision", "GatedStep", "HistoryStep", "Policy",
+    "Decision", "GatedStep", "HistoryStep", "Policy", "ServiceStatus",
     "RollbackResult", "StepResult", "StepStatus", "Strategy", "ToolInfo", "TransactionHistory",
     "TransactionPage", "TransactionState", "TransactionStatus", "TransactionSummary",
 ]

@@ -456,7 +456,7 @@ class GetServiceStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServiceStatus(_message.Message):
-    __slots__ = ("etcd_reachable", "open_transactions", "outbox_depth", "dead_letters", "approvals_pending", "replica_id", "version")
+    __slots__ = ("etcd_reachable", "open_transactions", "outbox_depth", "dead_letters", "approvals_pending", "replica_id", "version", "principal", "admin")
     ETCD_REACHABLE_FIELD_NUMBER: _ClassVar[int]
     OPEN_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     OUTBOX_DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -464,6 +464,8 @@ class ServiceStatus(_message.Message):
     APPROVALS_PENDING_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
     etcd_reachable: bool
     open_transactions: int
     outbox_depth: int
@@ -471,4 +473,6 @@ class ServiceStatus(_message.Message):
     approvals_pending: int
     replica_id: str
     version: str
-    def __init__(self, etcd_reachable: _Optional[bool] = ..., open_transactions: _Optional[int] = ..., outbox_depth: _Optional[int] = ..., dead_letters: _Optional[int] = ..., approvals_pending: _Optional[int] = ..., replica_id: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    principal: str
+    admin: bool
+    def __init__(self, etcd_reachable: _Optional[bool] = ..., open_transactions: _Optional[int] = ..., outbox_depth: _Optional[int] = ..., dead_letters: _Optional[int] = ..., approvals_pending: _Optional[int] = ..., replica_id: _Optional[str] = ..., version: _Optional[str] = ..., principal: _Optional[str] = ..., admin: _Optional[bool] = ...) -> None: ...

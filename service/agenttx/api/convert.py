@@ -9,6 +9,7 @@ from agenttx.v1 import agenttx_pb2 as pb
 from ..effects.deadletters import DeadLetterPage
 from ..engine.model import (
     ApprovalPage,
+    Caller,
     CommitOutcome,
     DecisionOutcome,
     RollbackOutcome,
@@ -17,6 +18,7 @@ from ..engine.model import (
     TransactionPage,
     TransactionView,
 )
+from ..engine.status import ServiceCounts
 from ..tools.describe import ToolDescription
 
 STEP_STATUS = {
@@ -148,3 +150,13 @@ def history_response(h: TransactionHistory) -> pb.TransactionHistory:
             strategy=pb.RollbackStrategy.Value(f"ROLLBACK_STRATEGY_{e.strategy}"),
             at=e.at, arguments_json=e.arguments_json, output_json=e.output_json)
             for e in h.steps])
+
+
+def status_response(counts: ServiceCounts, replica_id: str, version: str,
+                    caller: Caller) -> pb.ServiceStatus:
+    """Without authentication every (loopback) caller acts as an admin."""
+    return pb.ServiceStatus(
+        etcd_reachable=counts.etcd_reachable, open_transactions=counts.open_transactions,
+        outbox_depth=counts.outbox_depth, dead_letters=counts.dead_letters,
+        approvals_pending=counts.approvals_pending, replica_id=replica_id, version=version,
+        principal=caller.principal, admin=caller.admin or not caller.authenticated)

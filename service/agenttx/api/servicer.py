@@ -28,6 +28,7 @@ from ..errors import AgentTxError, FailedPrecondition, InvalidArgument
 from ..observability import context as rpc_context
 from ..observability import tracing
 from ..observability.metrics import METRICS
+from ..version import __version__
 from . import convert, validation
 from .status import status_for
 
@@ -53,6 +54,7 @@ _MESSAGES: dict[str, tuple[Any, Any]] = {
     "ListDeadLetters": (pb.ListDeadLettersRequest, pb.ListDeadLettersResponse),
     "RetryDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
     "DiscardDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
+    "GetServiceStatus": (pb.GetServiceStatusRequest, pb.ServiceStatus),
 }
 
 
@@ -254,6 +256,13 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
         outcome = await self.engine.decide(tx_id, request.digest, request.approve,
                                            request.reason, caller)
         return convert.decision_response(outcome)
+
+    @_guard
+    async def GetServiceStatus(self, request: pb.GetServiceStatusRequest,  # noqa: N802
+                               context: grpc.aio.ServicerContext,
+                               caller: Caller) -> pb.ServiceStatus:
+        counts = await self.engine.status()
+        return convert.status_response(counts, self.engine.replica_id, __version__, caller)
 
     # ---- dead letters (admin only) ------------------------------------------------------
 

@@ -87,6 +87,7 @@ from .state import (
     encode_header,
     to_json,
 )
+from .status import ServiceCounts, read_counts
 from .steps import Stepper, require_owner
 from .undo import Stale, Target, Undoer, write_interrupted
 
@@ -410,6 +411,9 @@ class Engine:
                               fence: Callable[[], Sequence[Compare]]) -> bool:
         """The reaper: reject a transaction whose approval timed out."""
         return await self.approvals.expire(tx_id, header_rev, fence)
+    async def status(self) -> ServiceCounts:
+        """GetServiceStatus' counts: count-only reads, never a value (engine.status)."""
+        return await read_counts(self.store, self.keys)
 
     # ---- tools -----------------------------------------------------------------------------
 
