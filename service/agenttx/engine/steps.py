@@ -74,8 +74,8 @@ from .state import (
     AWAITING_ROLLBACK,
     Budget,
     FsPending,
-    SagaPending,
     GatedCall,
+    SagaPending,
     StagedEffect,
     StepRecord,
     Touched,
@@ -83,8 +83,8 @@ from .state import (
     UndoImage,
     decode_header,
     decode_step,
-    to_json,
     encode_gated,
+    to_json,
 )
 from .undo import Stale, Target, Undoer
 from .view import StepView
