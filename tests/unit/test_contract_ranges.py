@@ -17,7 +17,16 @@ from typing import Any
 import pytest
 import yaml
 
-from agenttx.contracts.policy import DEPTH_MAX, DEPTH_MIN, FACTOR_MAX, FACTOR_MIN
+from agenttx.contracts.policy import (
+    APPROVAL_MAX_APPROVERS,
+    APPROVAL_MAX_REQUIREMENTS,
+    APPROVAL_TIMEOUT_MAX_S,
+    APPROVAL_TIMEOUT_MIN_S,
+    DEPTH_MAX,
+    DEPTH_MIN,
+    FACTOR_MAX,
+    FACTOR_MIN,
+)
 from agenttx.contracts.toolsets import (
     DEFAULT_TIMEOUT_S,
     PREFIX_PATTERN,
@@ -34,11 +43,16 @@ DEPTH = {"type": "integer", "minimum": DEPTH_MIN, "maximum": DEPTH_MAX}
 FACTOR = {"type": "number", "minimum": FACTOR_MIN, "maximum": FACTOR_MAX}
 POLICY_ROLLBACK = {"maxLocalDepth": DEPTH, "maxGlobalResets": DEPTH,
                    "replayBudgetFactor": FACTOR}
+POLICY_APPROVAL = {"timeoutSeconds": {"type": "integer", "minimum": APPROVAL_TIMEOUT_MIN_S,
+                                      "maximum": APPROVAL_TIMEOUT_MAX_S},
+                   "required": {"type": "array", "maxItems": APPROVAL_MAX_REQUIREMENTS},
+                   "approvers": {"type": "array", "maxItems": APPROVAL_MAX_APPROVERS}}
 
 # (CRD file name, {dotted path under spec: the schema keywords it must carry}).
 CONTRACTS: list[tuple[str, dict[str, dict[str, Any]]]] = [
     ("agenttxpolicies.agenttx.io.yaml",
-     {f"rollback.{name}": rule for name, rule in POLICY_ROLLBACK.items()}),
+     {f"rollback.{name}": rule for name, rule in POLICY_ROLLBACK.items()}
+     | {f"approval.{name}": rule for name, rule in POLICY_APPROVAL.items()}),
     ("agenttxtoolsets.agenttx.io.yaml",
      {"upstream.timeoutSeconds": {"minimum": TIMEOUT_MIN_S, "maximum": TIMEOUT_MAX_S,
                                   "default": DEFAULT_TIMEOUT_S},
@@ -81,10 +95,14 @@ def test_each_crd_and_the_charts_copy_carry_the_contract_ranges(
 def test_values_schema_bounds_the_default_policy_by_the_contract_ranges() -> None:
     schema = json.loads(VALUES_SCHEMA.read_text())
     default_policy = schema["properties"]["service"]["properties"]["defaultPolicy"]
-    assert set(default_policy["properties"]) == set(POLICY_ROLLBACK)
+    assert set(default_policy["properties"]) == set(POLICY_ROLLBACK) | {"approval"}
     for name, rule in POLICY_ROLLBACK.items():
         assert_carries(default_policy["properties"][name], rule,
                        f"values.schema.json: service.defaultPolicy.{name}")
+    approval = default_policy["properties"]["approval"]["properties"]
+    for name, rule in POLICY_APPROVAL.items():
+        assert_carries(approval[name], rule,
+                       f"values.schema.json: service.defaultPolicy.approval.{name}")
 
 
 def test_values_yaml_comments_state_the_contract_ranges() -> None:
