@@ -592,7 +592,7 @@ async def test_an_mcp_host_sees_the_toolset_tools_and_agenttx_closes_a_ticket_on
         bad = await mcp.call_tool("kv_get", {"key": "${steps.1.id}"})
         assert bad.is_error
         s = bad.structured_content
-        assert (s["category"], s["strategy"], s["next_step_id"]) == \
+        assert (s["category"], s["strategy"], s["next_step"]) == \
             ("no_data_found", "DEPENDENCY_JUMP", 1)
         await mcp.call_tool("agenttx_rollback", {})
     [close] = ups.tracker.calls_to("close_ticket", id=ticket_id)
