@@ -20,7 +20,9 @@ string "5", expected an integer``), so users' tools get the built-ins' hints.
 
 Failures: raise `ToolError(message)` (or any exception; its text is used). The message
 is classified by the error cleaner, so PostgreSQL-, POSIX- or serde-style wording gets
-precise hints (e.g. ``duplicate key value violates unique constraint "t_pkey"``).
+precise hints (e.g. ``duplicate key value violates unique constraint "t_pkey"``). A tool
+that knows its category states it (`category=`): it is kept, never re-guessed from the
+words (docs/tools.md, "Errors").
 
 Third-party packages register tools through the ``agenttx.tools`` entry-point group,
 each entry point naming a Tool subclass (see docs/tools.md and examples/).
