@@ -24,35 +24,27 @@ It must never decide anything it was not asked to, and never retry a decision.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from ..client import (
-    AgentTxError,
     Approval,
     Client,
     Decision,
     FailedPrecondition,
     TransactionStatus,
 )
-from ..client.cliargs import add_connection_arguments, connection_from_args
+from ..client.cliargs import add_connection_arguments
 from . import exits
+from .common import OneLineParser, age, clip, one_line_usage_errors, run_with_client, utc
 
 DEFAULT_PAGE_SIZE = 100
 # Per gated step in the text view: arguments beyond this are cut ("…"); --json has them all.
 ARGUMENTS_SHOWN_CHARS = 2000
 WRITE_KEYS_SHOWN = 50
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints the usage and then the error; a usage error here is one line."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(exits.USAGE, f"{self.prog}: {message}\n")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,14 +54,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Transactions whose commit needs a person's approval: see exactly what "
         "each would do, then approve it (naming its digest) or reject it (with a reason). "
         "Needs the approver or admin role once authentication is on.")
-    parser.error = _OneLineParser.error.__get__(parser)  # type: ignore[method-assign]
+    one_line_usage_errors(parser)
     configure(parser)
     parser.set_defaults(func=lambda ns: run(ns))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="sub", required=True, metavar="{list,approve,reject}",
-                                parser_class=_OneLineParser)
+                                parser_class=OneLineParser)
 
     ls = sub.add_parser("list", help="pending approvals: the transaction, who began it, the "
                         "gated steps and their arguments, the keys written, the digest")
@@ -95,25 +87,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 # ---- formatting ------------------------------------------------------------------------
 
-def _when(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _span(seconds: float) -> str:
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
 def list_rows(approvals: Sequence[Approval]) -> list[dict[str, Any]]:
     """The `--json` shape: the RPC's fields, each gated step's arguments as JSON."""
     return [{"transaction_id": a.transaction_id, "principal": a.principal,
@@ -131,15 +104,15 @@ def list_text(approvals: Sequence[Approval], now: float) -> str:
         lines = [f"transaction  {a.transaction_id}",
                  f"principal    {a.principal or '-'}",
                  f"agent        {a.agent_id or '-'}",
-                 f"requested    {_when(a.requested_at)} ({_span(now - a.requested_at)} ago)",
-                 f"expires      {_when(a.expires_at)} (in {_span(a.expires_at - now)})",
+                 f"requested    {utc(a.requested_at)} ({age(now - a.requested_at)} ago)",
+                 f"expires      {utc(a.expires_at)} (in {age(a.expires_at - now)})",
                  f"digest       {a.digest}",
                  "gated steps"]
         labels = [g.tool + (f" -> {g.channel}" if g.channel else "") for g in a.gated]
         width = max(map(len, labels), default=0)
         for g, label in zip(a.gated, labels, strict=True):
             lines.append(f"  step {g.step_id:<4} {label:<{width}}  "
-                         f"{_clip(g.arguments_json, ARGUMENTS_SHOWN_CHARS)}")
+                         f"{clip(g.arguments_json, ARGUMENTS_SHOWN_CHARS)}")
         keys = list(a.write_keys)
         shown = ", ".join(keys[:WRITE_KEYS_SHOWN])
         more = f" and {len(keys) - WRITE_KEYS_SHOWN} more (--json)" \
@@ -231,22 +204,5 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None,
     if ns.sub == "reject" and not ns.reason.strip():
         print(f"{name}: --reason must say why (it is kept in the history)", file=err)
         return exits.USAGE
-    try:
-        connection = connection_from_args(ns)
-        client = Client(**connection)
-    except (ValueError, OSError) as exc:
-        print(f"{name}: {exc}", file=err)
-        return exits.USAGE
-    try:
-        with client:
-            return COMMANDS[ns.sub](client, ns, out, err)
-    except FailedPrecondition as exc:
-        print(f"{name}: {exc.details}", file=err)
-        return exits.NOT_PENDING
-    except AgentTxError as exc:
-        code = exits.for_error(exc)
-        where = f" (target {connection['target']})" if code == exits.SERVICE else ""
-        what = exc.details if code in (exits.NOT_FOUND, exits.USAGE) else \
-            f"{exc.code.name}: {exc.details}"
-        print(f"{name}: {what}{where}", file=err)
-        return code
+    return run_with_client(name, ns, COMMANDS, out, err,
+                           special={FailedPrecondition: exits.NOT_PENDING})

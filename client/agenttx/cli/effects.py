@@ -21,32 +21,22 @@ It must never retry or discard anything it was not asked to, and never retry a c
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from ..client import (
-    AgentTxError,
     Client,
     DeadLetter,
-    InvalidArgument,
-    NotFound,
 )
-from ..client.cliargs import add_connection_arguments, connection_from_args
+from ..client.cliargs import add_connection_arguments
 from . import exits
+from .common import OneLineParser, age, one_line_usage_errors, run_with_client, table, utc
 
 EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND = exits.OK, exits.USAGE, exits.NOT_FOUND
 DEFAULT_PAGE_SIZE = 500
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints the usage and then the error; a usage error here is one line."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,14 +46,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Effects their receivers refused for good (dead letters): list them, "
         "send one again, or drop one with a reason. Needs the admin role once "
         "authentication is on.")
-    parser.error = _OneLineParser.error.__get__(parser)  # type: ignore[method-assign]
+    one_line_usage_errors(parser)
     configure(parser)
     parser.set_defaults(func=lambda ns: run(ns))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="sub", required=True, metavar="{dead,retry,discard}",
-                                parser_class=_OneLineParser)
+                                parser_class=OneLineParser)
 
     dead = sub.add_parser("dead", help="the dead letters: key, principal, kind, channel, "
                           "attempts, age, transaction, last error")
@@ -98,17 +88,6 @@ def _printable(text: str) -> str:
     return text if text and all(" " < ch <= "~" for ch in text) else json.dumps(text)
 
 
-def _age(seconds: float) -> str:
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 def dead_rows(letters: Sequence[DeadLetter]) -> list[dict[str, Any]]:
     """The `--json` shape: one object per dead letter, the RPC's fields."""
     return [{"idempotency_key": d.idempotency_key, "principal": d.principal,
@@ -122,15 +101,9 @@ def dead_table(letters: Sequence[DeadLetter], now: float) -> str:
               "TRANSACTION", "LAST ERROR")
     cells = [(_printable(d.idempotency_key), _printable(d.principal) if d.principal else "-",
               d.kind or "-", d.channel or "-", str(d.attempts),
-              _age(now - d.dead_at) if d.dead_at > 0 else "-", d.transaction_id or "-",
+              age(now - d.dead_at) if d.dead_at > 0 else "-", d.transaction_id or "-",
               " ".join(d.last_error.split()) or "-") for d in letters]
-    widths = [max(len(c[i]) for c in (header, *cells)) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in (header, *cells))
-
-
-def _when(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return table(header, cells)
 
 
 # ---- commands --------------------------------------------------------------------------
@@ -156,7 +129,7 @@ def _retry(client: Client, ns: argparse.Namespace, out: TextIO, err: TextIO) -> 
 
 def _discard(client: Client, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     client.discard_dead_letter(ns.key, ns.reason, principal=ns.principal)
-    print(f"dead letter {_printable(ns.key)} discarded at {_when(time.time())}; it will not "
+    print(f"dead letter {_printable(ns.key)} discarded at {utc(time.time())}; it will not "
           "be sent (the key stays reserved for the retention window)", file=out)
     return EXIT_OK
 
@@ -190,22 +163,4 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None,
     if ns.sub == "discard" and not ns.reason.strip():
         print(f"{name}: --reason must say why the effect is dropped", file=err)
         return EXIT_USAGE
-    try:
-        connection = connection_from_args(ns)
-        client = Client(**connection)
-    except (ValueError, OSError) as exc:
-        print(f"{name}: {exc}", file=err)
-        return EXIT_USAGE
-    try:
-        with client:
-            return COMMANDS[ns.sub](client, ns, out, err)
-    except NotFound as exc:
-        print(f"{name}: {exc.details}", file=err)
-        return EXIT_NOT_FOUND
-    except InvalidArgument as exc:
-        print(f"{name}: {exc.details}", file=err)
-        return EXIT_USAGE
-    except AgentTxError as exc:
-        print(f"{name}: {exc.code.name}: {exc.details} (target {connection['target']})",
-              file=err)
-        return exits.for_error(exc)
+    return run_with_client(name, ns, COMMANDS, out, err)

@@ -18,7 +18,6 @@ It must never roll back anything it was not asked to, and never retry a rollback
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -26,7 +25,6 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from ..client import (
-    AgentTxError,
     Client,
     HistoryStep,
     NotFound,
@@ -35,8 +33,9 @@ from ..client import (
     TransactionStatus,
     TransactionSummary,
 )
-from ..client.cliargs import add_connection_arguments, connection_from_args
+from ..client.cliargs import add_connection_arguments
 from . import exits
+from .common import age, clip, run_with_client, table, utc
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_NOT_FOUND = exits.OK, exits.INCOMPLETE, \
     exits.USAGE, exits.NOT_FOUND
@@ -90,19 +89,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 # ---- formatting ------------------------------------------------------------------------
 
-def format_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
@@ -112,8 +98,7 @@ def _age_s(created_at: float, now: float) -> float | None:
 
 
 def _when(ts: float, now: float) -> str:
-    stamp = datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"{stamp} ({format_age(now - ts)} ago)"
+    return f"{utc(ts)} ({age(now - ts)} ago)"
 
 
 def list_rows(rows: Sequence[TransactionSummary], now: float) -> list[dict[str, Any]]:
@@ -127,29 +112,21 @@ def list_rows(rows: Sequence[TransactionSummary], now: float) -> list[dict[str, 
 def list_table(rows: Sequence[TransactionSummary], now: float) -> str:
     header = ("TRANSACTION", "PRINCIPAL", "AGENT", "STATUS", "NEXT", "AGE")
     cells = [(r.transaction_id, r.principal or "-", r.agent_id or "-", r.status.value,
-              str(r.next_step_id), format_age(_age_s(r.created_at, now))) for r in rows]
-    widths = [max(len(c[i]) for c in (header, *cells)) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in (header, *cells)]
-    return "\n".join(lines)
-
-
-def _clip(text: str, limit: int) -> str:
-    text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+              str(r.next_step_id), age(_age_s(r.created_at, now))) for r in rows]
+    return table(header, cells)
 
 
 def _result(step: HistoryStep) -> str:
     if step.ok:
-        return _clip(step.output_json, RESULT_SHOWN_CHARS)
+        return clip(step.output_json, RESULT_SHOWN_CHARS)
     return f"{step.category}: {step.hint}"
 
 
 def steps_table(steps: Sequence[HistoryStep]) -> list[str]:
     header = ("STEP", "TOOL", "STATUS", "STRATEGY", "AT", "ARGUMENTS", "RESULT")
     cells = [(str(s.step_id), s.tool, s.status.value, s.strategy.value,
-              datetime.datetime.fromtimestamp(s.at, datetime.UTC).strftime("%H:%M:%S"),
-              _clip(s.arguments_json, ARGUMENTS_SHOWN_CHARS), _result(s)) for s in steps]
+              utc(s.at, "%H:%M:%S"),
+              clip(s.arguments_json, ARGUMENTS_SHOWN_CHARS), _result(s)) for s in steps]
     widths = [max(len(c[i]) for c in (header, *cells)) for i in range(len(header) - 1)]
     return ["  " + "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)),
                              row[-1]]).rstrip()
@@ -187,7 +164,7 @@ def show_text(h: TransactionHistory, v: TransactionState | None, now: float) -> 
         lines.append("context" + ("        (none)" if not v.context else ""))
         width = max((len(c.tool_name) for c in v.context), default=0)
         for c in v.context:
-            text = _clip(c.raw_context, CONTEXT_SHOWN_CHARS + 1)
+            text = clip(c.raw_context, CONTEXT_SHOWN_CHARS + 1)
             lines.append(f"  step {c.step_id:<4} {c.tool_name:<{width}}  {text}")
     lines.append("steps" + ("          (none sent)" if not h.steps else ""))
     if h.steps:
@@ -309,21 +286,10 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None,
     if getattr(ns, "page_size", 1) < 1:
         print("agenttx tx list: --page-size must be at least 1", file=err)
         return EXIT_USAGE
-    try:
-        if ns.sub == "rollback":
+    if ns.sub == "rollback":
+        try:
             ns.to_step = to_step_value(ns.to_step)
-        connection = connection_from_args(ns)
-        client = Client(**connection)
-    except (ValueError, OSError) as exc:
-        print(f"agenttx tx {ns.sub}: {exc}", file=err)
-        return EXIT_USAGE
-    try:
-        with client:
-            return COMMANDS[ns.sub](client, ns, out, err)
-    except AgentTxError as exc:
-        code = exits.for_error(exc)
-        where = f" (target {connection['target']})" if code == exits.SERVICE else ""
-        what = exc.details if code in (exits.NOT_FOUND, exits.USAGE) else \
-            f"{exc.code.name}: {exc.details}"
-        print(f"agenttx tx {ns.sub}: {what}{where}", file=err)
-        return code
+        except ValueError as exc:
+            print(f"agenttx tx {ns.sub}: {exc}", file=err)
+            return EXIT_USAGE
+    return run_with_client(f"agenttx tx {ns.sub}", ns, COMMANDS, out, err)
