@@ -1,4 +1,5 @@
-"""Client TLS, mTLS and token authentication on a real grpc.aio server (SPEC §9).
+"""Client TLS, mTLS and token authentication on a real grpc.aio server
+(docs/security.md#authentication---auth).
 
 A tiny real server on loopback: the standard health service plus `WhoAmI`, which
 answers the Principal the Authenticator derived from the call (or its refusal, through

@@ -1,5 +1,5 @@
 """`--auth kubernetes` against a real etcd: the JwksCache follows the operator's document
-through its watch, and the mode works end to end over real gRPC (SPEC §9).
+through its watch, and the mode works end to end over real gRPC (docs/security.md#kubernetes).
 
 The document is written with the project's Store at Keys(prefix).auth_jwks(), exactly
 where the operator publishes it. Every wait is for a condition, with a deadline.

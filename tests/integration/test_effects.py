@@ -1,9 +1,9 @@
 """The effects outbox against a real etcd, a real HTTP receiver and a real SMTP server.
 
-Pins SPEC §6 (at-least-once with an idempotency key, never again after a confirmed
-delivery, background retry by the one replica holding the dispatcher lease) and §2's
-fencing rule for leases. Timings are small (lease TTL 2 s, poll 0.1 s) so the file runs
-in seconds; every wait is bounded.
+Pins docs/architecture.md#effects-staged-in-a-step-sent-after-commit (at-least-once with an
+idempotency key, never again after a confirmed delivery, background retry by the one replica
+holding the dispatcher lease) and the leases' fencing rule (service/agenttx/store/lease.py).
+Timings are small (lease TTL 2 s, poll 0.1 s) so the file runs in seconds; every wait is bounded.
 """
 
 from __future__ import annotations

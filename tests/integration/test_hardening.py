@@ -1,4 +1,5 @@
-"""Issue 9's defects, each pinned by a test of what a user hits (SPEC §1, §3, §5, §6, §10):
+"""Issue 9's defects, each pinned by a test of what a user hits (docs/api.md,
+docs/tools.md, docs/recovery.md, docs/architecture.md, docs/operations.md):
 hostile arguments never stall a replica, every reference counts for provenance, a
 confirmed delivery is never re-sent, one lock per file, no stray temp files, and
 readiness follows etcd."""

@@ -1,4 +1,4 @@
-"""What an operator's Prometheus sees (SPEC §10, §10.1 "Metrics"), scraped from real replicas.
+"""What an operator's Prometheus sees (docs/operations.md#metrics), scraped from real replicas.
 
 Two real `agenttx serve` replicas share one real etcd, each serving `/metrics` on its own
 `--metrics-listen` port; the tests scrape that endpoint over HTTP and parse it with

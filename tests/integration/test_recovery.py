@@ -1,4 +1,5 @@
-"""Recovery end to end: error cleaner -> constraints -> provenance -> planner -> undo (SPEC §2, §4, §5).
+"""Recovery end to end: error cleaner -> constraints -> provenance -> planner -> undo
+(docs/recovery.md).
 
 Every scenario runs through the gRPC API of the two real replicas sharing one real etcd
 (tests/integration/conftest.py), alternating replicas between calls, and checks what an
@@ -438,7 +439,7 @@ def test_manual_from_rollback_transaction_then_abort_once_fixed(a, b, uniq, work
     assert_ended(agent, a, b)
 
 
-# ---- policy resolution (SPEC §2, §8) --------------------------------------------------------
+# ---- policy resolution (docs/recovery.md#the-policy, docs/kubernetes.md#3-apply-policies) ----
 
 def probe(stub: Any, agent_id: str, metadata: dict[str, str] | None = None,
           **policy: Any) -> tuple[int, int]:

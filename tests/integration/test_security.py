@@ -1,6 +1,6 @@
-"""SPEC §9 against real `agenttx serve` replicas and a real etcd: TLS and mTLS with
-certificates generated here, token files (and their rotation), ServiceAccount JWTs
-verified against keys published in etcd, ownership, namespace-scoped policies and
+"""The security model (docs/security.md) against real `agenttx serve` replicas and a
+real etcd: TLS and mTLS with certificates generated here, token files (and their rotation),
+ServiceAccount JWTs verified against keys published in etcd, ownership, namespace-scoped policies and
 sandboxes, and per-principal quotas."""
 
 from __future__ import annotations

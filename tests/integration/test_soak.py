@@ -164,8 +164,9 @@ async def test_soak_concurrent_agents_with_failures_and_kills(etcd, scratch, san
             # A commit cut off by a kill: applied => file kept AND effect delivered, else
             # neither. Its replica was delivering the effect inline when it died, so it
             # may have died after the receiver confirmed and before retiring the entry:
-            # the one residual window of the outbox (effects/outbox.py, SPEC §6), where
-            # the effect is delivered again under the same idempotency key.
+            # the one residual window of the outbox (effects/outbox.py,
+            # docs/architecture.md#effects-staged-in-a-step-sent-after-commit), where the
+            # effect is delivered again under the same idempotency key.
             applied = (root / path).exists()
             assert (counts[key] in (1, 2)) if applied else counts[key] == 0, (path, key)
         def leftovers() -> set[str]:

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (SPEC §10) from a real replica and a real etcd: the RPC ->
+"""OpenTelemetry traces (docs/operations.md#traces) from a real replica and a real etcd: the RPC ->
 execute_tool -> etcd hierarchy with a propagated parent trace, captured by the SDK's
 in-memory exporter in-process, and the OTLP exporter configured by the standard OTEL_*
 environment shipping spans to a loopback OTLP/HTTP receiver."""
