@@ -67,8 +67,12 @@ class Reaper:
                     if await self.lease.campaign():
                         await self.sweep()
                         if time.monotonic() - self._last_temp_sweep > self.temp_sweep_s:
-                            self._last_temp_sweep = time.monotonic()
+                            started = time.monotonic()
                             await self.sweep_temp_files()
+                            # Only a sweep that finished counts: one cut short (etcd slow,
+                            # leadership lost) is tried again on the next pass, not a whole
+                            # --temp-sweep-s later.
+                            self._last_temp_sweep = started
                     else:
                         METRICS.open_transactions.set(0)
                         METRICS.awaiting_rollback.set(0)
