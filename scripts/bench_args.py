@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Time `agenttx.args` on the worst 1 MiB argument documents we can construct.
 
-Why: parsing and reference resolution must be linear in the document (SPEC §3); the old
-parser took seconds to minutes on some of these shapes (issue 9). Each row is one
-document: its shape, its size in bytes, the best of --repeat runs in milliseconds of CPU
-time for parse_arguments alone and for parse + find_references + resolve (with step 1
+Why: parsing and reference resolution must be linear in the document
+(docs/tools.md#the-built-ins); the old parser took seconds to minutes on some of these shapes
+(issue 9). Each row is one document: its shape, its size in bytes, the best of --repeat runs in
+milliseconds of CPU time for parse_arguments alone and for parse + find_references + resolve (with step 1
 live), and the outcome (`ok` or the start of the serde-style message). CPU time, not wall
 time, so that other work on a shared machine does not blur the figures; the call holds
 the GIL throughout, so the wall time on an idle core is the same. The figures in

@@ -19,9 +19,9 @@ cancel them as "hung" at exit anyway, so they only ever stop by cancellation):
   orphan sweep:         every `sweep_interval_s`, see below (toolsets' keys too).
   issuer keys:          every `jwks_refresh_s` (`jwks_publish`), read the API server's
                         service-account issuer discovery and keys with the operator's
-                        own credentials and publish them for the service (SPEC §9).
-                        A failure (API server, etcd, a document that does not
-                        validate) keeps what is published, logs a warning and retries
+                        own credentials and publish them for the service
+                        (docs/security.md#authentication---auth). A failure (API server, etcd,
+                        a document that does not validate) keeps what is published, logs a warning and retries
                         with backoff: keys are never deleted because of a hiccup.
 
 The finalizer is never stuck: a delete that keeps failing (etcd down, API errors) is

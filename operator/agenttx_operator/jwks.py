@@ -1,4 +1,5 @@
-"""The service-account issuer keys the operator publishes for `--auth kubernetes` (SPEC §9).
+"""The service-account issuer keys the operator publishes for `--auth kubernetes`
+(docs/security.md#kubernetes).
 
 Why: service pods verify projected ServiceAccount tokens offline and have no Kubernetes
 API access, so the operator reads the cluster's issuer discovery with its own

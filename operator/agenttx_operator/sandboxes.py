@@ -87,7 +87,7 @@ def build_pvc(
     """The PersistentVolumeClaim for a policy's sandbox, in the service namespace.
 
     No ownerReference: the policy lives in another namespace, and cross-namespace owners
-    are not allowed, so the finalizer removes the claim (SPEC §8).
+    are not allowed, so the finalizer removes the claim (docs/kubernetes.md#sandboxes).
     """
     spec: dict[str, Any] = {
         "accessModes": list(sandbox.get("accessModes", DEFAULT_ACCESS_MODES)),

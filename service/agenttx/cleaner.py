@@ -3,8 +3,8 @@
 Why this exists: an LLM agent recovers from a failed step far better when it is told in
 one line *what* is wrong (the concrete table, key, id, field, path, line and column) and
 *what to do next* than when it is handed a driver message or a traceback. Categories are
-PostgreSQL condition names (SQLSTATE class names, SPEC §4) so that people reading
-`error_category` already know them; the rollback planner keys its strategy on them.
+PostgreSQL condition names (SQLSTATE class names, docs/recovery.md#1-the-error-cleaner) so that
+people reading `error_category` already know them; the rollback planner keys its strategy on them.
 
 The cleaner is a classifier over message TEXT, not a side channel from the built-in tools:
 a custom tool that raises ``duplicate key value violates unique constraint "x_pkey"`` gets
@@ -40,8 +40,8 @@ from typing import Any, NamedTuple
 __all__ = ["CATEGORIES", "EMPTY_MESSAGE_HINT", "HINT_MAX_CHARS", "CleanedError", "clean_error"]
 
 HINT_MAX_CHARS = 200
-# The API caps arguments_json and raw_context at 1 MiB (SPEC §1) and messages echo argument
-# values, so a message up to that size is classified whole; beyond it only its head is read.
+# The API caps arguments_json and raw_context at 1 MiB (docs/api.md#status-codes) and messages
+# echo argument values, so a message up to that size is classified whole; beyond it only its head is read.
 SCAN_LIMIT_CHARS = 2 * 1024 * 1024
 
 CATEGORIES = frozenset({

@@ -37,13 +37,13 @@ class StoreUnavailable(StoreError):
 
 
 class Unauthenticated(AgentTxError):
-    """Missing, invalid or expired credentials (SPEC §9). The message is exactly one of
-    "missing credentials", "invalid credentials", "expired credentials": never which
+    """Missing, invalid or expired credentials (docs/security.md#authentication---auth). The
+    message is exactly one of "missing credentials", "invalid credentials", "expired credentials": never which
     check failed, never the credential itself."""
 
 
 class ResourceExhausted(AgentTxError):
-    """A per-principal quota was hit (SPEC §9); the message names the limit."""
+    """A per-principal quota was hit (docs/security.md#quotas); the message names the limit."""
 
 
 class PermissionDenied(AgentTxError):

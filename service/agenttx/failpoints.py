@@ -6,7 +6,9 @@ AGENTTX_FAILPOINTS, docs/configuration.md), once, at start-up:
     AGENTTX_FAILPOINTS="fs.write.after_intent=crash,commit.after_txn=crash"
 
 `crash` kills the process on the spot with SIGKILL (no cleanup, no flush: exactly what
-a node failure looks like); `sleep(<seconds>)` pauses, to widen race windows. Points:
+a node failure looks like); `sleep(<seconds>)` pauses, to widen race windows. An armed
+point logs `failpoint reached` (with `point` and `action`) before it acts, so a test waits
+for that line instead of guessing how long the way there takes. Points:
 
     fs.write.before_intent   temp file written, step not yet committed to etcd
     fs.write.after_intent    step (with undo image) committed, file not yet renamed
@@ -21,10 +23,13 @@ a node failure looks like); `sleep(<seconds>)` pauses, to widen race windows. Po
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
 import time
+
+log = logging.getLogger(__name__)
 
 _SPEC = re.compile(r"^(crash|sleep\((\d+(?:\.\d+)?)\))$")
 
@@ -58,6 +63,7 @@ def hit(name: str) -> None:
     action = _POINTS.get(name)
     if action is None:
         return
+    log.warning("failpoint reached", extra={"point": name, "action": action})
     if action == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(10)  # never reached

@@ -43,7 +43,8 @@ def setup(fmt: str = "json", level: str = "INFO") -> None:
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(RedactFilter())  # SPEC §9: no secret in any log line
+    # no secret in any log line (docs/security.md#secrets-what-never-leaves-the-process)
+    handler.addFilter(RedactFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

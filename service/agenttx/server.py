@@ -51,7 +51,7 @@ from .workers.toolsets import ToolsetSources
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "agenttx.v1.AgentTxService"
-# Requests carry up to 1 MiB of arguments and 1 MiB of raw_context (SPEC §1); responses
+# Requests carry up to 1 MiB of arguments and 1 MiB of raw_context (docs/api.md#status-codes); responses
 # are kept within gRPC's default client limit by the engine's budgets (engine.limits).
 MAX_RECEIVE_BYTES = RESPONSE_BYTES
 MAX_SEND_BYTES = RESPONSE_BYTES
@@ -64,10 +64,11 @@ ETCD_START_TIMEOUT_S = 30.0
 
 
 class ReadinessProbe:
-    """Health answers NOT_SERVING while this replica cannot reach etcd (SPEC §10), and
-    SERVING again once it can: a partitioned replica is taken out of the Service by its
-    readiness probe instead of failing every call. Checked every `interval_s`; two
-    failures in a row flip it (within ~2 intervals + the timeout of losing etcd)."""
+    """Health answers NOT_SERVING while this replica cannot reach etcd
+    (docs/operations.md#health-readiness-and-liveness), and SERVING again once it can: a
+    partitioned replica is taken out of the Service by its readiness probe instead of failing
+    every call. Checked every `interval_s`; two failures in a row flip it (within ~2 intervals
+    + the timeout of losing etcd)."""
 
     def __init__(self, store: Store, health: health.aio.HealthServicer, *,
                  interval_s: float = 2.0, timeout_s: float = 2.0) -> None:
@@ -345,7 +346,8 @@ def _tune_garbage_collection() -> None:
 
 
 def _add_reflection(server: grpc.aio.Server) -> None:
-    """gRPC server reflection (SPEC §10): `grpcurl list` shows the service and health."""
+    """gRPC server reflection (docs/operations.md#grpc-reflection): `grpcurl list` shows the
+    service and health."""
     from grpc_reflection.v1alpha import reflection
 
     from agenttx.v1 import agenttx_pb2

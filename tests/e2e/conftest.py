@@ -10,7 +10,7 @@ exists), AGENTTX_E2E_KEEP=1 (keep a cluster this run created), AGENTTX_E2E_NAMES
 
 The chart runs with `auth.mode=kubernetes`: `agent_token` is a ServiceAccount token
 (audience `agenttx`) of the test's own namespace, so that namespace's policies apply to
-the calls made with it (SPEC §9 policy scope).
+the calls made with it (docs/security.md#policy-and-sandbox-scope).
 """
 
 from __future__ import annotations

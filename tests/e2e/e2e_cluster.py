@@ -22,13 +22,14 @@ import pathlib
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import yaml
+
+from support.waiting import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOOLS = ("kind", "docker", "kubectl", "helm")
@@ -76,14 +77,10 @@ def docker_reachable() -> bool:
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+    """support.waiting.eventually at a steady `interval`: each check here runs kubectl or
+    an RPC through a port-forward, so it is polled gently; an error in a check fails at
+    once."""
+    return eventually(check, timeout, what, interval=interval, backoff=1.0, retry_on=())
 
 
 @dataclass

@@ -4,7 +4,7 @@ with the policy, and go away with it.
 
 The chart authenticates (`auth.mode=kubernetes`), so every call carries the token of a
 ServiceAccount in the policy's own namespace: policies apply only to principals of
-their namespace (SPEC §9).
+their namespace (docs/security.md#policy-and-sandbox-scope).
 
 The policy's effect is read from the first failing step's strategy: `kv.get` of a missing
 key fails with no dependency to jump to, so with the server default (max_local_depth=3)

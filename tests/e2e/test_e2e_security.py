@@ -1,8 +1,8 @@
-"""SPEC §9 on a real kind cluster with the chart's defaults: the service refuses calls
-without a valid ServiceAccount token and serves the ones with one (from the host, through
-a port-forward); the operator published the cluster's issuer keys into the bundled,
-mutual-TLS etcd, and a pod's projected token is accepted from inside the cluster, from a
-namespace the NetworkPolicy admits.
+"""The chart's security defaults (docs/security.md#on-kubernetes-the-charts-defaults) on a real
+kind cluster: the service refuses calls without a valid
+ServiceAccount token and serves the ones with one (from the host, through a port-forward); the
+operator published the cluster's issuer keys into the bundled, mutual-TLS etcd, and a pod's
+projected token is accepted from inside the cluster, from a namespace the NetworkPolicy admits.
 """
 
 from __future__ import annotations

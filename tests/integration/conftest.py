@@ -26,7 +26,7 @@ def sandbox(scratch: pathlib.Path) -> pathlib.Path:
 def replicas(etcd: EmbeddedEtcd, scratch: pathlib.Path,
              sandbox: pathlib.Path) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
     # The session's tests leave many transactions open under the one anonymous principal:
-    # lift the per-principal quota (SPEC §9) so they never collide with it.
+    # lift the per-principal quota (docs/security.md#quotas) so they never collide with it.
     procs = [ServiceProcess(name, etcd_endpoints=etcd.endpoints, prefix=PREFIX,
                             fs_root=str(sandbox), workdir=scratch / "replicas",
                             env={"AGENTTX_MAX_OPEN_TRANSACTIONS": "1000000"})

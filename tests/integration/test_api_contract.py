@@ -1,4 +1,5 @@
-"""SPEC §1 against two real replicas: every RPC, every validation rule, every status code.
+"""The gRPC API (docs/api.md) against two real replicas: every RPC, every validation rule,
+every status code.
 
 Validation failures are INVALID_ARGUMENT and change nothing (checked by reading the
 transaction back and by counting keys in etcd); ended or unknown transactions are

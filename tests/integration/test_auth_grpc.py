@@ -1,4 +1,5 @@
-"""Client TLS, mTLS and token authentication on a real grpc.aio server (SPEC §9).
+"""Client TLS, mTLS and token authentication on a real grpc.aio server
+(docs/security.md#authentication---auth).
 
 A tiny real server on loopback: the standard health service plus `WhoAmI`, which
 answers the Principal the Authenticator derived from the call (or its refusal, through
@@ -10,8 +11,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,6 +23,7 @@ from agenttx import errors
 from agenttx.api.status import status_for
 from agenttx.auth import Authenticator, ReloadingCertificates, TokenFile, hash_token, server_credentials
 from support.certs import CertificateAuthority, Issued, spiffe_id, write_atomically
+from support.waiting import eventually_async, slack
 
 ECHO = "agenttx.test.Echo"
 TIMEOUT_S = 10.0
@@ -88,14 +89,6 @@ async def refused(call: Awaitable[Any], code: grpc.StatusCode, details: str | No
     if details is not None:
         assert err.value.details() == details
     return err.value.details() or ""
-
-
-async def eventually(probe: Callable[[], Awaitable[bool]], what: str,
-                     timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not await probe():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
 
 
 async def succeeds(address: str, creds: grpc.ChannelCredentials) -> bool:
@@ -234,8 +227,9 @@ async def test_certificate_rotation_is_picked_up_without_restart(
 
         # The key arrives: new connections get the new certificate, no restart.
         write_atomically(key, renewed.key_pem)
-        await eventually(lambda: succeeds(address, tls(other_ca)),
-                         "a new connection is served the rotated certificate")
+        # check_interval_s=0: the next handshake re-reads the files
+        await eventually_async(lambda: succeeds(address, tls(other_ca)), slack(0.5),
+                               "a new connection is served the rotated certificate")
         assert not await succeeds(address, tls(ca))
         assert certs.generation == 2
 

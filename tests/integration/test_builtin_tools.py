@@ -1,5 +1,6 @@
-"""SPEC §3 / seed 000: every built-in tool's exact output and every failure's category and
-hint, against the real replicas, with files checked on disk and committed data in etcd."""
+"""The built-ins (docs/tools.md#the-built-ins, seed 000): every built-in tool's exact output
+and every failure's category and hint, against the real replicas, with files checked on disk
+and committed data in etcd."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def test_kv_get_after_kv_delete_in_the_same_transaction_is_no_data_found(a, uniq
     agent.ok("kv.delete", {"key": f"del-{uniq}"})
     resp = agent.step("kv.get", {"key": f"del-{uniq}"})
     expect_failure(resp, "no_data_found", f'"del-{uniq}"')
-    # SPEC §5: the step that deleted the key is the culprit and is undone ...
+    # docs/recovery.md#3-dependencies-and-provenance: the step that deleted the key is the
+    # culprit and is undone ...
     assert (resp.strategy, resp.rollback_to_step, resp.next_step_id) == \
         (pb.ROLLBACK_STRATEGY_DEPENDENCY_JUMP, 2, 2)
     # ... so the committed value is visible again

@@ -1,4 +1,4 @@
-"""`agenttx.client` (SPEC §10, §10.1) against the real service replicas and real etcd.
+"""`agenttx.client` (docs/client.md) against the real service replicas and real etcd.
 
 What a user of the client sees: a `with` block that commits when it ends normally and
 aborts (files restored on disk) when it ends by an exception; failed steps as results

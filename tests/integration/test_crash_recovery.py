@@ -8,17 +8,21 @@ replicas' liveness leases are short (2 s) so takeover is quick.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import grpc
 import pytest
 
 from agenttx.v1 import agenttx_pb2 as pb
+from support.outbox import outbox_is_empty
 from support.service import Agent, ServiceProcess
+from support.waiting import eventually, slack
 
-FAST = ["--replica-ttl-s", "2", "--leader-ttl-s", "2", "--effect-claim-s", "3",
-        "--effect-poll-s", "0.2"]
+REPLICA_TTL_S = 2   # a killed replica's liveness lease lapses after this: takeover
+CLAIM_S = 3         # a killed committer's claim on its outbox entries lapses after this
+POLL_S = 0.2
+FAST = ["--replica-ttl-s", str(REPLICA_TTL_S), "--leader-ttl-s", "2",
+        "--effect-claim-s", str(CLAIM_S), "--effect-poll-s", str(POLL_S)]
 
 
 @pytest.fixture
@@ -49,15 +53,10 @@ def _dies(call):
                                 grpc.StatusCode.INTERNAL), err.value
 
 
-def _eventually(fn, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return fn()
-        except (AssertionError, grpc.RpcError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
+def _eventually(fn, what: str = "the healthy replica takes over"):
+    """`fn()` once the killed replica's liveness lease lapsed and the healthy one
+    settles what it left."""
+    return eventually(fn, slack(REPLICA_TTL_S), what)
 
 
 def _setup(sandbox, healthy, uniq):
@@ -144,10 +143,8 @@ def test_killed_after_commit_still_delivers_the_effect_once(pair, sandbox, uniq,
         Agent(healthy.stub).stub.GetTransaction(pb.GetTransactionRequest(transaction_id=agent.tx))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     # ... and the healthy replica's dispatcher delivers the effect once the claim lapses.
-    _eventually(lambda: _assert(webhook.keys()[key] == 1), timeout=30)
-    time.sleep(1.5)
+    eventually(lambda: webhook.keys()[key] == 1, slack(CLAIM_S + POLL_S),
+               "the healthy replica delivers the effect")
+    # delivered and deleted from the outbox: it can never be sent again
+    eventually(lambda: outbox_is_empty(healthy), slack(POLL_S), "the entry is retired")
     assert webhook.keys()[key] == 1
-
-
-def _assert(cond: bool) -> None:
-    assert cond

@@ -1,9 +1,9 @@
 """The effects outbox against a real etcd, a real HTTP receiver and a real SMTP server.
 
-Pins SPEC §6 (at-least-once with an idempotency key, never again after a confirmed
-delivery, background retry by the one replica holding the dispatcher lease) and §2's
-fencing rule for leases. Timings are small (lease TTL 2 s, poll 0.1 s) so the file runs
-in seconds; every wait is bounded.
+Pins docs/architecture.md#effects-staged-in-a-step-sent-after-commit (at-least-once with an
+idempotency key, never again after a confirmed delivery, background retry by the one replica
+holding the dispatcher lease) and the leases' fencing rule (service/agenttx/store/lease.py).
+Timings are small (lease TTL 2 s, poll 0.1 s) so the file runs in seconds; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from agenttx.embedded_etcd import free_port
 from agenttx.store.client import Store, connect, op_put
 from agenttx.store.lease import LeaderLease, NotLeader
 from support.receivers import WebhookReceiver
+from support.waiting import eventually_async, slack
 
 TTL = 2
 FAST: dict[str, Any] = {
@@ -68,19 +69,42 @@ async def put_entry(store: Store, prefix: str, effect: Effect, seq: int,
     return key, res.revision, entry
 
 
+POLL_S = FAST["poll_interval_s"]
+
+
 async def wait_until(cond: Callable[[], Awaitable[bool] | bool], timeout: float,
                      what: str) -> float:
-    """Poll `cond` until true; returns the elapsed seconds; fails after `timeout`."""
+    """Wait for `cond` (sync or async); returns the elapsed seconds, measured to a poll
+    interval (the checks do not back off), so tests can bound how soon it happened."""
     start = time.monotonic()
-    while True:
+
+    async def check() -> bool:
         got = cond()
-        if not isinstance(got, bool):
-            got = await got
-        if got:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
+        return got if isinstance(got, bool) else await got
+
+    await eventually_async(check, timeout, what, interval=0.02, backoff=1.0)
+    return time.monotonic() - start
+
+
+def counting_sweeps(d: Dispatcher) -> Callable[[], int]:
+    """Count `d`'s passes over the outbox as leader, so a test can wait until the
+    dispatcher has looked at an entry a few more times instead of sleeping."""
+    done = [0]
+    sweep = d._sweep
+
+    async def counted() -> bool:
+        busy = await sweep()
+        done[0] += 1
+        return busy
+
+    d._sweep = counted  # type: ignore[method-assign]
+    return lambda: done[0]
+
+
+async def after_more_sweeps(count: Callable[[], int], sweeps: int = 3) -> None:
+    start = count()
+    await wait_until(lambda: count() >= start + sweeps, slack(sweeps * POLL_S),
+                     f"{sweeps} more dispatcher sweeps")
 
 
 @contextlib.asynccontextmanager
@@ -193,8 +217,10 @@ async def test_background_retry_delivers_once_after_receiver_recovers(
     webhook.status = 200
 
     async with running(Dispatcher(store, etcd_prefix, reg, "r2", **FAST)):
-        await wait_until(lambda: no_pending(store, etcd_prefix), 5, "the retry")
-        await asyncio.sleep(0.5)  # a few more sweeps: nothing more may be sent
+        # r2 leads at once; the retry is due within the first backoff
+        await wait_until(lambda: no_pending(store, etcd_prefix),
+                         slack(FAST["base_backoff_s"] + POLL_S), "the retry")
+    # the entry is deleted once its delivery was confirmed: nothing can send it again
 
     assert webhook.keys() == Counter({"k-retry": 2})  # the failed attempt + one delivery
     assert [r["headers"]["Idempotency-Key"] for r in webhook.requests] == ["k-retry"] * 2
@@ -204,12 +230,14 @@ async def test_background_leaves_a_commit_claimed_entry_alone(store, etcd_prefix
     reg = registry(webhook)
     written = await put_entry(store, etcd_prefix, Effect("hooks", 1, "k-claimed", "tx5"), 0,
                               claimed_by="r1")
-    async with running(Dispatcher(store, etcd_prefix, reg, "r2", **FAST)) as _:
-        await asyncio.sleep(0.6)
+    background = Dispatcher(store, etcd_prefix, reg, "r2", **FAST)
+    sweeps = counting_sweeps(background)
+    async with running(background):
+        await after_more_sweeps(sweeps)  # it saw the claimed entry three times
         assert webhook.requests == []
         assert await Dispatcher(store, etcd_prefix, reg, "r1", **FAST).deliver_committed(
             [written]) == (1, [])
-        await asyncio.sleep(0.3)
+        assert await no_pending(store, etcd_prefix)  # deleted: nobody can send it again
     assert webhook.keys() == Counter({"k-claimed": 1})
 
 
@@ -222,9 +250,10 @@ async def test_two_dispatchers_deliver_each_entry_once(store, etcd_prefix, webho
         for i, k in enumerate(keys):
             await put_entry(store, etcd_prefix, Effect("hooks", {"i": i}, k, k.split("-")[0]),
                             i)
-        await wait_until(lambda: no_pending(store, etcd_prefix), 10, "all deliveries")
+        await wait_until(lambda: no_pending(store, etcd_prefix),
+                         slack(len(keys) * POLL_S), "all deliveries")
         assert a.is_leader != b.is_leader
-        await asyncio.sleep(0.3)
+    # every entry is deleted after its confirmed delivery: none can be sent again
     assert webhook.keys() == Counter({k: 1 for k in keys})
 
 
@@ -242,7 +271,7 @@ async def test_revoked_dispatcher_stops_acting_and_the_other_takes_over(
 
     a.after_delivery, b.after_delivery = tracking("a"), tracking("b")
     async with running(a):
-        await wait_until(lambda: a.is_leader, 3, "a to lead")
+        await wait_until(lambda: a.is_leader, slack(POLL_S), "a to lead")
         stale_fence = a.lease.fence()
         async with running(b):
             await store.revoke_lease(a.lease.lease_id)
@@ -256,7 +285,8 @@ async def test_revoked_dispatcher_stops_acting_and_the_other_takes_over(
             await wait_until(lambda: not a.is_leader, TTL, "a to notice")
             for i in range(3):
                 await put_entry(store, etcd_prefix, Effect("hooks", i, f"k-{i}", "tx6"), i)
-            await wait_until(lambda: no_pending(store, etcd_prefix), 5, "b's deliveries")
+            await wait_until(lambda: no_pending(store, etcd_prefix), slack(3 * POLL_S),
+                             "b's deliveries")
     assert sent_by == ["b", "b", "b"]
     assert webhook.keys() == Counter({"k-0": 1, "k-1": 1, "k-2": 1})
 
@@ -275,17 +305,19 @@ async def test_crash_between_delivery_and_delete_redelivers_at_most_once(
 
     a.after_delivery = crash_point
     async with running(a) as [task_a]:
-        await wait_until(lambda: a.is_leader, 3, "a to lead")
+        await wait_until(lambda: a.is_leader, slack(POLL_S), "a to lead")
         async with running(b):
             await put_entry(store, etcd_prefix, Effect("hooks", {"n": 7}, "k-crash", "tx7"), 0)
-            await asyncio.wait_for(delivered_by_a.wait(), 5)
+            await asyncio.wait_for(delivered_by_a.wait(), slack(POLL_S))
             task_a.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task_a
             assert webhook.keys() == Counter({"k-crash": 1})
 
-            await wait_until(lambda: no_pending(store, etcd_prefix), 5, "b's redelivery")
-            await asyncio.sleep(1.0)  # confirmed deletion: never sent again
+            # b takes the entry over once a's claim (1 s) ran out
+            await wait_until(lambda: no_pending(store, etcd_prefix), slack(1.0 + POLL_S),
+                             "b's redelivery")
+            # deleted after b's confirmed delivery: never sent again
     assert webhook.keys() == Counter({"k-crash": 2})
     assert [json.loads(r["body"]) for r in webhook.requests] == [
         {"channel": "hooks", "payload": {"n": 7}, "idempotency_key": "k-crash",
@@ -309,7 +341,8 @@ async def test_lease_holder_stops_acting_before_another_can_acquire(store, etcd_
         # "Pause" the holder: its keepalives stop, as in a GC stall or a frozen VM.
         assert first._keepalive_task is not None
         first._keepalive_task.cancel()
-        await wait_until(lambda: not first.is_leader, TTL + 1, "local deadline")
+        # (within the TTL: that is the point, etcd must still hold the key afterwards)
+        await wait_until(lambda: not first.is_leader, TTL, "local deadline")
         # It stopped acting while etcd still holds its key: nobody else can lead yet.
         held = await store.get(key)
         assert held is not None and held.value == b"replica-a"
@@ -319,7 +352,7 @@ async def test_lease_holder_stops_acting_before_another_can_acquire(store, etcd_
         async def second_wins() -> bool:
             return await second.campaign()
 
-        await wait_until(second_wins, TTL + 3, "etcd to expire the lease")
+        await wait_until(second_wins, slack(TTL), "etcd to expire the lease")
         assert not (await store.txn(fence, [op_put(probe, b"stale")])).succeeded
         assert (await store.get(probe)).value == b"1"
         assert (await second.fenced_txn([], [op_put(probe, b"2")])).succeeded

@@ -5,13 +5,18 @@ from __future__ import annotations
 import email
 import email.policy
 import json
-import time
 import uuid
 
 import pytest
 
 from agenttx.effects.channels import message_id
+from support.outbox import outbox_is_empty
 from support.service import Agent, ServiceProcess
+from support.waiting import eventually, slack
+
+CLAIM_S = 2         # --effect-claim-s
+POLL_S = 0.2        # --effect-poll-s
+BASE_BACKOFF_S = 0.5  # the dispatcher's first backoff cap
 
 
 @pytest.fixture
@@ -26,17 +31,11 @@ def service(etcd, scratch, sandbox, webhook, smtp):
                          prefix=f"/agenttx-fx-{uuid.uuid4().hex[:6]}", fs_root=str(sandbox),
                          workdir=scratch / "effects",
                          env={"AGENTTX_EFFECT_CHANNELS": json.dumps(channels)},
-                         extra_args=["--effect-claim-s", "2", "--effect-poll-s", "0.2",
+                         extra_args=["--effect-claim-s", str(CLAIM_S),
+                                     "--effect-poll-s", str(POLL_S),
                                      "--leader-ttl-s", "2"]).start()
     yield svc
     svc.stop()
-
-
-def _wait(cond, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def test_commit_delivers_webhook_and_email_once_each(service, webhook, smtp):
@@ -58,7 +57,8 @@ def test_commit_delivers_webhook_and_email_once_each(service, webhook, smtp):
     msg = email.message_from_bytes(env.content, policy=email.policy.default)
     assert (msg["To"], msg["Subject"]) == ("ops@example.test", "Order 7")
     assert msg["Message-ID"] == message_id(mail["idempotency_key"])
-    time.sleep(1.0)
+    # delivered during the commit and deleted from the outbox: nothing can send them again
+    eventually(lambda: outbox_is_empty(service), slack(POLL_S), "the entries are retired")
     assert len(webhook.requests) == 1 and len(sink.envelopes) == 1
 
 
@@ -72,7 +72,8 @@ def test_rolled_back_and_aborted_effects_are_never_sent(service, webhook):
     aborted = Agent(service.stub)
     aborted.ok("effect.stage", {"channel": "hooks", "payload": "aborted"})
     aborted.rollback()
-    time.sleep(1.0)
+    # only committed effects enter the outbox, and it is empty: nothing more will be sent
+    eventually(lambda: outbox_is_empty(service), slack(POLL_S), "the entry is retired")
     assert [json.loads(r["body"])["payload"] for r in webhook.requests] == ["kept"]
     assert webhook.keys() == {kept["idempotency_key"]: 1}
 
@@ -88,9 +89,12 @@ def test_a_failed_delivery_is_reported_and_retried_in_the_background(service, we
     assert "503" in done.dispatch_errors[0]
     webhook.status = 200
     # the receiver counts every POST: the refused one, then the background retry
-    _wait(lambda: webhook.keys()[key] == 2, timeout=20)
-    time.sleep(1.5)
-    assert webhook.keys()[key] == 2  # delivery confirmed: never sent again
+    # retried after the first backoff, once the committing replica's claim ran out
+    eventually(lambda: webhook.keys()[key] == 2,
+               slack(CLAIM_S + BASE_BACKOFF_S + POLL_S), "the background retry")
+    # confirmed, then deleted from the outbox: never sent again
+    eventually(lambda: outbox_is_empty(service), slack(POLL_S), "the entry is retired")
+    assert webhook.keys()[key] == 2
 
 
 def test_staging_on_an_unknown_channel_is_undefined_object(service):

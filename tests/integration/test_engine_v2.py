@@ -1,7 +1,7 @@
-"""Engine v2 against two real replicas sharing one real etcd (SPEC §2): replica caches that
-go stale never lose a step, the commit is serializable (write skew, failed-read races),
-every answer fits what a default gRPC client accepts, and the reaper keeps working
-however much data open transactions hold."""
+"""Engine v2 against two real replicas sharing one real etcd
+(docs/architecture.md#isolation-and-commit-serializable): replica caches that go stale never
+lose a step, the commit is serializable (write skew, failed-read races), every answer fits what
+a default gRPC client accepts, and the reaper keeps working however much data open transactions hold."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ def test_two_replicas_racing_on_one_step_have_exactly_one_winner_across_cache_st
 # ---- serializable commit -----------------------------------------------------------------
 
 async def test_write_skew_commits_at_most_one_side(a, b, store, uniq):
-    """T1 reads A and B and writes A; T2 reads A and B and writes B (SPEC §2)."""
+    """T1 reads A and B and writes A; T2 reads A and B and writes B
+    (docs/architecture.md#isolation-and-commit-serializable)."""
     seed = Agent(a)
     seed.ok("kv.put", {"key": f"A-{uniq}", "value": 1})
     seed.ok("kv.put", {"key": f"B-{uniq}", "value": 1})
@@ -103,7 +104,8 @@ async def test_a_create_after_a_failed_read_conflicts_with_a_concurrent_creator(
 
 
 async def test_a_failed_read_alone_is_validated_at_commit(a, b, store, uniq):
-    """The error told the agent something: the read counts (SPEC §2)."""
+    """The error told the agent something: the read counts
+    (docs/architecture.md#isolation-and-commit-serializable)."""
     t1 = Agent(b)
     expect_failure(t1.step("record.get", {"table": f"t_{uniq}", "id": 1}), "no_data_found")
     t1.ok("kv.put", {"key": f"decided-{uniq}", "value": "no row, so..."})

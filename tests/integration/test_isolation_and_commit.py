@@ -1,4 +1,5 @@
-"""SPEC §2 isolation and commit, against two replicas and the real etcd underneath.
+"""Isolation and commit (docs/architecture.md#isolation-and-commit-serializable), against two
+replicas and the real etcd underneath.
 
 kv/record writes stay private until commit; commit is one compare-and-swap over every
 written key's observed mod_revision; a lost CAS answers ABORTED after compensating the
@@ -129,7 +130,8 @@ async def test_commit_conflict_on_a_record_row(a, b, store, uniq):
 
 
 async def test_a_transaction_whose_read_changed_before_commit_is_aborted(a, b, store, uniq):
-    """Serializable (SPEC §2): a key the transaction only read is validated at commit too."""
+    """Serializable (docs/architecture.md#isolation-and-commit-serializable): a key the
+    transaction only read is validated at commit too."""
     seed = Agent(a)
     seed.ok("kv.put", {"key": f"read-{uniq}", "value": "v1"})
     assert seed.commit().committed

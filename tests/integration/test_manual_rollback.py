@@ -1,5 +1,5 @@
-"""SPEC §5.6 RollbackTransaction: `to_step = k` undoes the live steps >= k in reverse order
-(fs: previous bytes restored or the file deleted; kv/record: buffered writes dropped;
+"""RollbackTransaction (docs/api.md#rollbacktransaction): `to_step = k` undoes the live steps
+>= k in reverse order (fs: previous bytes restored or the file deleted; kv/record: buffered writes dropped;
 effects: discarded, never delivered), reports compensations_run and next_step_id = k;
 unset or 0 aborts the transaction (NOT_FOUND afterwards, files restored)."""
 

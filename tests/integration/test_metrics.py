@@ -1,4 +1,4 @@
-"""What an operator's Prometheus sees (SPEC §10, §10.1 "Metrics"), scraped from real replicas.
+"""What an operator's Prometheus sees (docs/operations.md#metrics), scraped from real replicas.
 
 Two real `agenttx serve` replicas share one real etcd, each serving `/metrics` on its own
 `--metrics-listen` port; the tests scrape that endpoint over HTTP and parse it with
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,6 +37,7 @@ from agenttx.v1 import agenttx_pb2 as pb
 from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.rpc import expect_error
 from support.service import Agent, ServiceProcess
+from support.waiting import eventually, slack
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 Samples = dict[Key, float]
@@ -86,11 +86,15 @@ def changes(before: Samples, after: Samples, families: tuple[str, ...] = RPC_DRI
             if k[0] in families and v != before.get(k, 0.0)}
 
 
-def wait_for(what: str, cond: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+POLL_S = 0.2          # --effect-poll-s: the dispatcher leader's sweep, which sets its gauges
+CLAIM_S = 1           # --effect-claim-s
+REAPER_S = 5.0        # the reaper leader's sweep (a tenth of --tx-idle-timeout-s, at most 5 s)
+LEADER_TTL_S = 10     # --leader-ttl-s (default): an election settles within it
+BASE_BACKOFF_S, MAX_BACKOFF_S = 0.5, 60.0  # the dispatcher's retry backoff caps
+
+
+def wait_for(what: str, cond: Callable[[], bool], timeout: float) -> None:
+    eventually(cond, timeout, what)
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +113,9 @@ def pair(etcd, scratch, hooks) -> Iterator[tuple[Replica, Replica]]:
                 env={"AGENTTX_EFFECT_CHANNELS": json.dumps(channels)},
                 # idle transactions are reaped after 120 s: never during these tests, so
                 # the reaper moves no counter; it still reports the gauges every 5 s.
-                extra_args=["--metrics-listen", f"127.0.0.1:{port}", "--effect-poll-s", "0.2",
-                            "--effect-claim-s", "1", "--tx-idle-timeout-s", "120"])
+                extra_args=["--metrics-listen", f"127.0.0.1:{port}",
+                            "--effect-poll-s", str(POLL_S), "--effect-claim-s", str(CLAIM_S),
+                            "--tx-idle-timeout-s", "120"])
             replicas.append(Replica(proc.start(), f"http://127.0.0.1:{port}/metrics"))
         yield replicas[0], replicas[1]
     finally:
@@ -311,7 +316,8 @@ def test_each_role_has_exactly_one_leader_across_the_replicas(pair):
         return sorted(r.scrape()[key("agenttx_leader", role=role)] for r in pair)
 
     for role in m.ROLES:
-        wait_for(f"one {role} leader", lambda role=role: leaders(role) == [0.0, 1.0])
+        wait_for(f"one {role} leader", lambda role=role: leaders(role) == [0.0, 1.0],
+                 slack(LEADER_TTL_S))
 
 
 def test_the_reaper_leader_reports_open_and_awaiting_transactions(pair, sandbox):
@@ -321,7 +327,8 @@ def test_the_reaper_leader_reports_open_and_awaiting_transactions(pair, sandbox)
     for t in open_:
         t.ok("kv.put", {"key": f"o-{u}-{t.tx[:4]}", "value": 1})
     # the leader counts them, the other replica reports 0 (dashboards take the max)
-    wait_for("3 open", lambda: gauges(pair, "agenttx_open_transactions") == [0.0, 3.0])
+    wait_for("3 open", lambda: gauges(pair, "agenttx_open_transactions") == [0.0, 3.0],
+             slack(REAPER_S))
     assert gauges(pair, "agenttx_transactions_awaiting_rollback") == [0.0, 0.0]
 
     # an undo that cannot run (a directory now stands where the step created a file)
@@ -340,7 +347,7 @@ def test_the_reaper_leader_reports_open_and_awaiting_transactions(pair, sandbox)
         key("agenttx_rollback_duration_seconds_count", strategy="manual"): 1,
     }
     wait_for("1 awaiting", lambda: gauges(pair, "agenttx_transactions_awaiting_rollback")
-             == [0.0, 1.0])
+             == [0.0, 1.0], slack(REAPER_S))
     assert gauges(pair, "agenttx_open_transactions") == [0.0, 3.0]  # awaiting is still open
 
     # resolved (the runbook): remove the obstacle, roll back again; abort the rest
@@ -348,7 +355,8 @@ def test_the_reaper_leader_reports_open_and_awaiting_transactions(pair, sandbox)
     blocker.rmdir()
     for t in open_:
         assert t.rollback().rolled_back
-    wait_for("none open", lambda: gauges(pair, "agenttx_open_transactions") == [0.0, 0.0])
+    wait_for("none open", lambda: gauges(pair, "agenttx_open_transactions") == [0.0, 0.0],
+             slack(REAPER_S))
     assert gauges(pair, "agenttx_transactions_awaiting_rollback") == [0.0, 0.0]
 
 
@@ -375,15 +383,22 @@ def test_an_undeliverable_effect_shows_as_backlog_until_its_receiver_recovers(pa
         assert (done.committed, done.effects_dispatched, len(done.dispatch_errors)) == (True, 0, 1)
         # the dispatcher leader retries in the background and reports the backlog
         wait_for("a background retry", lambda: summed(
-            pair, results, channel="hooks", result="failed") >= failed0 + 2)
-        wait_for("depth 1", lambda: gauges(pair, "agenttx_outbox_depth") == [0.0, 1.0])
+            pair, results, channel="hooks", result="failed") >= failed0 + 2,
+            slack(CLAIM_S + BASE_BACKOFF_S + POLL_S))
+        wait_for("depth 1", lambda: gauges(pair, "agenttx_outbox_depth") == [0.0, 1.0],
+                 slack(POLL_S))
         wait_for("an aging backlog",
-                 lambda: max(gauges(pair, "agenttx_outbox_oldest_age_seconds")) > 0.5)
+                 lambda: max(gauges(pair, "agenttx_outbox_oldest_age_seconds")) > 0.5,
+                 slack(0.5 + POLL_S))
     finally:
         hooks.status = 200
+    # the next attempt comes within the backoff cap the failures so far have reached
+    failures = summed(pair, results, channel="hooks", result="failed") - failed0
+    backoff = min(MAX_BACKOFF_S, BASE_BACKOFF_S * 2 ** failures)
     wait_for("delivery", lambda: summed(pair, results, channel="hooks", result="delivered")
-             == delivered0 + 1, timeout=90)
-    wait_for("an empty outbox", lambda: gauges(pair, "agenttx_outbox_depth") == [0.0, 0.0])
+             == delivered0 + 1, slack(backoff + POLL_S))
+    wait_for("an empty outbox", lambda: gauges(pair, "agenttx_outbox_depth") == [0.0, 0.0],
+             slack(POLL_S))
     assert gauges(pair, "agenttx_outbox_oldest_age_seconds") == [0.0, 0.0]
     failed = summed(pair, results, channel="hooks", result="failed") - failed0
     # one attempt per result; exactly one confirmed delivery for the key

@@ -1,5 +1,5 @@
 """`agenttx bench outcomes --tasks 5 --p 0.3` end to end: its own etcd, two real replicas,
-real webhook deliveries, the report of SPEC §10.1 on stdout and a PNG figure."""
+real webhook deliveries, the report of docs/benchmarks.md#agent-outcomes on stdout and a PNG figure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Recovery end to end: error cleaner -> constraints -> provenance -> planner -> undo (SPEC §2, §4, §5).
+"""Recovery end to end: error cleaner -> constraints -> provenance -> planner -> undo
+(docs/recovery.md).
 
 Every scenario runs through the gRPC API of the two real replicas sharing one real etcd
 (tests/integration/conftest.py), alternating replicas between calls, and checks what an
@@ -14,14 +15,12 @@ etcd, as the operator would, and observed through the strategies a transaction g
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import importlib.util
 import json
 import pathlib
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +31,7 @@ from agenttx.contracts.policy import PublishedPolicy, policy_to_json
 from agenttx.v1 import agenttx_pb2 as pb
 from support.rpc import KEYS, expect_error, expect_failure
 from support.service import Agent, ServiceProcess
+from support.waiting import eventually_async, slack
 
 LOCAL = pb.ROLLBACK_STRATEGY_LOCAL_BACKTRACK
 JUMP = pb.ROLLBACK_STRATEGY_DEPENDENCY_JUMP
@@ -438,7 +438,7 @@ def test_manual_from_rollback_transaction_then_abort_once_fixed(a, b, uniq, work
     assert_ended(agent, a, b)
 
 
-# ---- policy resolution (SPEC §2, §8) --------------------------------------------------------
+# ---- policy resolution (docs/recovery.md#the-policy, docs/kubernetes.md#3-apply-policies) ----
 
 def probe(stub: Any, agent_id: str, metadata: dict[str, str] | None = None,
           **policy: Any) -> tuple[int, int]:
@@ -473,11 +473,12 @@ def budget_abort_reason(stub: Any, agent_id: str, **policy: Any) -> str:
     return NAMES[resp.strategy]
 
 
-async def poll(check: Any, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "published policy not picked up in time"
-        await asyncio.sleep(0.1)
+async def poll(check: Any) -> None:
+    """Wait for `check()`: a published policy reaches every replica through its watch, at
+    once on a quiet machine."""
+    async def checked() -> Any:
+        return check()
+    await eventually_async(checked, slack(1.0), "the published policy is picked up")
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""`${steps.N.path}` references (SPEC §3, seed 002): a whole-string reference keeps the JSON
-type, an embedded one interpolates as text, dotted paths index objects and arrays, and
-only live steps can be referenced."""
+"""`${steps.N.path}` references (docs/tools.md#the-built-ins, seed 002): a whole-string
+reference keeps the JSON type, an embedded one interpolates as text, dotted paths index objects
+and arrays, and only live steps can be referenced."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""gRPC server reflection (SPEC §10): what `grpcurl list` / `grpcurl describe` see.
+"""gRPC server reflection (docs/operations.md#grpc-reflection): what `grpcurl list` / `grpcurl
+describe` see.
 
 A reflection client (grpcio-reflection's `ProtoReflectionDescriptorDatabase`, the
 reference client) talks to a real replica, lists its services, resolves the request

@@ -1,5 +1,6 @@
-"""SPEC §2: two replicas racing on the same step of one transaction. Exactly one wins
-(SUCCESS), the other answers FAILED_PRECONDITION, and the step is applied once."""
+"""Steps are atomic and strictly ordered (docs/api.md#executestep): two replicas racing on the
+same step of one transaction. Exactly one wins (SUCCESS), the other answers
+FAILED_PRECONDITION, and the step is applied once."""
 
 from __future__ import annotations
 

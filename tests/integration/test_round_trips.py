@@ -6,19 +6,19 @@ adds no round trip anywhere, and reading it back is one."""
 
 from __future__ import annotations
 
-import time
-
 from agenttx.v1 import agenttx_pb2 as pb
 from support.service import Agent
+from support.waiting import eventually, slack
 
 
 def _trips(replica, n: int) -> list[tuple[str, int]]:
-    deadline = time.monotonic() + 5
-    while True:
-        rows = [(e["rpc"], e["etcd_round_trips"]) for e in replica.logs() if e.get("msg") == "rpc"]
-        if len(rows) >= n or time.monotonic() > deadline:
-            return rows[-n:]
-        time.sleep(0.05)
+    """(rpc, etcd round trips) of the replica's last `n` RPCs. Each `rpc` line is logged
+    before its answer is sent: only reading the log file back can lag."""
+    def last() -> list[tuple[str, int]] | None:
+        rows = [(e["rpc"], e["etcd_round_trips"]) for e in replica.logs()
+                if e.get("msg") == "rpc"]
+        return rows[-n:] if len(rows) >= n else None
+    return eventually(last, slack(0.1), f"{n} rpc log lines")
 
 
 def test_each_successful_rpc_stays_within_its_etcd_round_trip_budget(replicas, uniq):

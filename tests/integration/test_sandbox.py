@@ -1,6 +1,6 @@
-"""SPEC §3: fs tools are confined to the sandbox root. Absolute paths, `..`, NUL bytes and
-symlinks leading outside are refused, and nothing is ever written outside the root (the
-outside directory is compared byte for byte before and after)."""
+"""fs tools are confined to the sandbox root (docs/tools.md#the-built-ins). Absolute paths,
+`..`, NUL bytes and symlinks leading outside are refused, and nothing is ever written outside
+the root (the outside directory is compared byte for byte before and after)."""
 
 from __future__ import annotations
 

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 
 import grpc
 import pytest
 
 from agenttx.embedded_etcd import free_port
 from agenttx.v1 import agenttx_pb2 as pb
-from support.processes import etcds_on
+from support.processes import alive, etcds_on
 from support.service import Agent, ServiceProcess
-
-
-def _etcd_children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,ppid,comm"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()[1:]
-            if line.split()[1] == str(pid) and "etcd" in line.split()[2]]
+from support.waiting import eventually, slack
 
 
 @pytest.mark.timeout(120)
@@ -32,26 +25,19 @@ def test_serve_without_endpoints_starts_and_stops_an_embedded_etcd(scratch, tmp_
                              f"127.0.0.1:{port}", "--data-dir", str(data)],
                             stderr=subprocess.PIPE, text=True)
     try:
-        stub = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                stub = Agent(_stub(f"127.0.0.1:{port}"))
-                break
-            except grpc.RpcError:
-                time.sleep(0.2)
-        assert stub is not None, "service did not come up"
+        # as long as the harness gives any replica to come up (ServiceProcess.start)
+        stub = eventually(lambda: Agent(_stub(f"127.0.0.1:{port}")), slack(30.0),
+                          "the service comes up")
         stub.ok("kv.put", {"key": "embedded", "value": True})
         assert stub.commit().committed
         assert (data / "etcd").is_dir() and (data / "sandbox").is_dir()
-        etcd_pids = _etcd_children(proc.pid)
+        etcd_pids = etcds_on(data)  # this service's etcd, not every etcd on the machine
         assert len(etcd_pids) == 1
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-    for pid in etcd_pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert not [pid for pid in etcd_pids if alive(pid)]
+    assert etcds_on(data) == []
     assert "embedded etcd" in proc.stderr.read()
 
 
@@ -110,7 +96,10 @@ def test_sigterm_drains_in_flight_rpcs_before_stopping(etcd, scratch, sandbox):
 
     th = threading.Thread(target=slow_step)
     th.start()
-    time.sleep(0.8)  # the step is now sleeping between its intent and its rename
+    # the step is now sleeping between its intent and its rename (for 2 s)
+    eventually(lambda: [e for e in svc.logs() if e.get("msg") == "failpoint reached"
+                        and e.get("point") == "fs.write.after_intent"],
+               slack(1.0), "the step reaches its failpoint")
     svc.process.send_signal(signal.SIGTERM)
     th.join(timeout=20)
     assert "error" not in result, result.get("error")

@@ -21,16 +21,22 @@ from agenttx.contracts.layout import Keys
 from agenttx.store.client import connect
 from agenttx.v1 import agenttx_pb2 as pb
 from support.service import Agent, ServiceProcess
+from support.waiting import eventually, slack
 
 AGENTS = 4
 TX_PER_AGENT = 25
 KILLS = 3
-FAST = ["--replica-ttl-s", "2", "--leader-ttl-s", "2", "--effect-claim-s", "2",
-        "--effect-poll-s", "0.2",
+REPLICA_TTL_S = 2
+CLAIM_S = 2
+POLL_S = 0.2
+LEADER_TTL_S = 2
+TEMP_SWEEP_S, TEMP_MIN_AGE_S = 1, 10
+FAST = ["--replica-ttl-s", str(REPLICA_TTL_S), "--leader-ttl-s", str(LEADER_TTL_S),
+        "--effect-claim-s", str(CLAIM_S), "--effect-poll-s", str(POLL_S),
         # a replica killed between an fs.write's temp file and its CAS leaves the temp file
         # behind (nothing recorded it); the reaper leader's sweep removes it once it is
         # older than any step in flight could be
-        "--temp-sweep-s", "1", "--temp-min-age-s", "10"]
+        "--temp-sweep-s", str(TEMP_SWEEP_S), "--temp-min-age-s", str(TEMP_MIN_AGE_S)]
 
 
 @pytest.mark.timeout(300)
@@ -107,12 +113,15 @@ async def test_soak_concurrent_agents_with_failures_and_kills(etcd, scratch, san
                             uncertain[f"{tag}.txt"] = f"eff-{tag}"
                         else:
                             abandoned.add(f"{tag}.txt")
+                    # the simulated agent's own back-off before it tries again: part of
+                    # the workload, not a wait for a condition
                     time.sleep(0.3)
 
     threads = [threading.Thread(target=run_agent, args=(n,)) for n in range(AGENTS)]
     for th in threads:
         th.start()
-    # Chaos: SIGKILL a random replica twice while the agents run, then bring it back.
+    # Chaos: SIGKILL a random replica twice while the agents run, then bring it back. The
+    # sleeps are the chaos schedule (kills land while the agents run), not waits.
     for _ in range(KILLS):
         time.sleep(0.4)
         victim = rng.randrange(3)
@@ -133,18 +142,22 @@ async def test_soak_concurrent_agents_with_failures_and_kills(etcd, scratch, san
         for kv in await store.get_prefix(keys.headers_prefix()):
             tx = kv.key.decode().split("/")[-1]
             stub = pick_stub(0)
-            for _ in range(40):
+
+            def ended(tx: str = tx, stub=stub) -> bool:
                 try:
                     stub.RollbackTransaction(pb.RollbackTransactionRequest(transaction_id=tx))
-                    break
                 except grpc.RpcError as exc:
-                    if exc.code() == grpc.StatusCode.NOT_FOUND:
-                        break
-                    time.sleep(0.5)
+                    if exc.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                return True
 
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and set(webhook.keys()) < committed_effects:
-            time.sleep(0.3)
+            # a transaction whose replica died is settled once its liveness lease lapsed
+            eventually(ended, slack(REPLICA_TTL_S), f"transaction {tx} is rolled back")
+
+        # committed effects of killed replicas: delivered once their claim lapsed, by the
+        # dispatcher leader (re-elected within its lease TTL if it was the one killed)
+        eventually(lambda: set(webhook.keys()) >= committed_effects,
+                   slack(CLAIM_S + LEADER_TTL_S + POLL_S), "every committed effect arrives")
         counts = webhook.keys()
         elapsed = time.monotonic() - started
         print(f"\nsoak: {stats} uncertain_commits={len(uncertain)} abandoned={len(abandoned)} "
@@ -164,18 +177,22 @@ async def test_soak_concurrent_agents_with_failures_and_kills(etcd, scratch, san
             # A commit cut off by a kill: applied => file kept AND effect delivered, else
             # neither. Its replica was delivering the effect inline when it died, so it
             # may have died after the receiver confirmed and before retiring the entry:
-            # the one residual window of the outbox (effects/outbox.py, SPEC §6), where
-            # the effect is delivered again under the same idempotency key.
+            # the one residual window of the outbox (effects/outbox.py,
+            # docs/architecture.md#effects-staged-in-a-step-sent-after-commit), where the
+            # effect is delivered again under the same idempotency key.
             applied = (root / path).exists()
             assert (counts[key] in (1, 2)) if applied else counts[key] == 0, (path, key)
         def leftovers() -> set[str]:
             return {p.name for p in root.iterdir()} - set(committed_files) - set(uncertain)
 
-        deadline = time.monotonic() + 40   # temp files wait out --temp-min-age-s
-        while leftovers() and all(".agenttx-" in n for n in leftovers()) \
-                and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert leftovers() == set(), leftovers()
+        def swept() -> bool:
+            left = leftovers()
+            if any(".agenttx-" not in n for n in left):
+                pytest.fail(f"files no transaction accounts for: {left}")
+            return not left
+
+        # temp files of killed replicas wait out --temp-min-age-s, then the next sweep
+        eventually(swept, slack(TEMP_MIN_AGE_S + TEMP_SWEEP_S), "the temp files are swept")
         # no orphans in etcd
         for orphan in (keys.headers_prefix(), f"{keys.prefix}/tx/".encode(),
                        keys.touch_prefix(), f"{keys.prefix}/open/".encode(),

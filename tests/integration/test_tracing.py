@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (SPEC §10) from a real replica and a real etcd: the RPC ->
+"""OpenTelemetry traces (docs/operations.md#traces) from a real replica and a real etcd: the RPC ->
 execute_tool -> etcd hierarchy with a propagated parent trace, captured by the SDK's
 in-memory exporter in-process, and the OTLP exporter configured by the standard OTEL_*
 environment shipping spans to a loopback OTLP/HTTP receiver."""
@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -29,6 +28,7 @@ from agenttx.server import serve
 from agenttx.v1 import agenttx_pb2 as pb
 from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.service import Agent, ServiceProcess
+from support.waiting import eventually, slack
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -141,11 +141,10 @@ def test_the_otlp_exporter_follows_the_standard_environment(etcd, scratch, sandb
         agent = Agent(svc.stub)
         agent.ok("kv.put", {"key": f"otlp-{uuid.uuid4().hex}", "value": 1})
         assert agent.commit().committed
-        deadline = time.monotonic() + 20
         wanted = {"agenttx.v1.AgentTxService/ExecuteStep", "execute_tool kv.put", "etcd step"}
-        while not wanted <= {s.name for s in receiver.spans} and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert wanted <= {s.name for s in receiver.spans}
+        # the batch span processor exports every OTEL_BSP_SCHEDULE_DELAY (0.1 s)
+        eventually(lambda: wanted <= {s.name for s in receiver.spans}, slack(0.1),
+                   "the spans reach the OTLP receiver")
         assert set(receiver.paths) == {"/v1/traces"}
     finally:
         svc.stop()

@@ -30,6 +30,7 @@ from starlette.responses import Response
 from typing_extensions import TypedDict
 
 from agenttx.embedded_etcd import free_port
+from support.waiting import eventually, slack
 
 KEY_META = "io.agenttx/idempotency-key"
 
@@ -80,6 +81,7 @@ class Upstream:
             stall = self.control.stall_s.get(tool, 0.0)
             fail = self.control.fail.get(tool)
         if stall:
+            # what this upstream is told to do: answer late (a slow tool), not a wait
             await asyncio.sleep(stall)
         if fail is not None:
             raise ToolError(fail)
@@ -115,11 +117,15 @@ class Upstream:
         self._thread = threading.Thread(target=self._server.run, daemon=True,
                                         name=f"mcp-{self.name}")
         self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
+        server, thread = self._server, self._thread
+
+        def started() -> bool:
+            if not thread.is_alive():  # not retried: fails at once
                 raise RuntimeError(f"upstream {self.name} did not start")
-            time.sleep(0.02)
+            return bool(server.started)
+
+        # uvicorn binds a loopback port and runs the app's lifespan: nothing slow
+        eventually(started, slack(1.0), f"upstream {self.name} starts", interval=0.02)
         return self
 
     def down(self) -> None:

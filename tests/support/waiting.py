@@ -8,6 +8,9 @@ the settings the test gave the service (a sweep interval, a lease TTL, a claim),
 margin for a busy machine (`slack`), not a guess.
 
 `eventually_async` is the same for coroutines, for tests that run in the event loop.
+The pause between checks starts at `interval` and grows by `backoff` up to 0.5 s (or
+`interval`, if longer); `backoff=1` keeps it constant, for tests that measure how soon
+something happened.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def _failure(what: str, timeout: float, last: Any) -> AssertionError:
 
 
 def eventually(condition: Callable[[], T], timeout: float, what: str, *,
-               interval: float = 0.05,
+               interval: float = 0.05, backoff: float = 1.5,
                retry_on: tuple[type[BaseException], ...] = DEFAULT_RETRY) -> T:
     deadline = time.monotonic() + timeout
     pause = interval
@@ -60,11 +63,11 @@ def eventually(condition: Callable[[], T], timeout: float, what: str, *,
             raise _failure(what, timeout, last) from (last if isinstance(last, BaseException)
                                                       else None)
         time.sleep(pause)
-        pause = min(pause * 1.5, 0.5)
+        pause = min(pause * backoff, max(interval, 0.5))
 
 
 async def eventually_async(condition: Callable[[], Awaitable[T]], timeout: float, what: str,
-                           *, interval: float = 0.05,
+                           *, interval: float = 0.05, backoff: float = 1.5,
                            retry_on: tuple[type[BaseException], ...] = DEFAULT_RETRY) -> T:
     deadline = time.monotonic() + timeout
     pause = interval
@@ -80,7 +83,7 @@ async def eventually_async(condition: Callable[[], Awaitable[T]], timeout: float
             raise _failure(what, timeout, last) from (last if isinstance(last, BaseException)
                                                       else None)
         await asyncio.sleep(pause)
-        pause = min(pause * 1.5, 0.5)
+        pause = min(pause * backoff, max(interval, 0.5))
 
 
 __all__ = ["SLACK", "eventually", "eventually_async", "slack"]

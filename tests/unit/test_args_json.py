@@ -1,5 +1,5 @@
 """`agenttx.args.jsonargs`: arguments_json parsed the way serde_json would, with its messages,
-in linear time for any input (SPEC §3, issue 9 item 1).
+in linear time for any input (docs/tools.md#the-built-ins, issue 9 item 1).
 
 Every input the engine's parser handled is here with its exact message (the malformed
 documents of tests/integration/test_bad_input.py), plus what the old parser got wrong:

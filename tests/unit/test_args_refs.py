@@ -1,5 +1,6 @@
-"""`agenttx.args.refs`: `${steps.N.path}` references (SPEC §3, seed 002) and the facts the
-engine's rollback rules need from them (SPEC §5, issue 9 item 2).
+"""`agenttx.args.refs`: `${steps.N.path}` references (docs/tools.md#the-built-ins, seed 002)
+and the facts the engine's rollback rules need from them (docs/recovery.md#4-the-planner, issue
+9 item 2).
 
 A whole-string reference keeps the JSON type, an embedded one interpolates as text,
 dotted paths index objects and arrays, only live steps can be referenced; every live step

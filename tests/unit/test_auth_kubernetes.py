@@ -1,4 +1,5 @@
-"""`--auth kubernetes`: offline verification of projected ServiceAccount tokens (SPEC §9).
+"""`--auth kubernetes`: offline verification of projected ServiceAccount tokens
+(docs/security.md#kubernetes).
 
 Real RS256/ES256 keys and tokens signed with them (tests/support/certs.py); every
 refusal must say exactly "invalid credentials" or "expired credentials".

@@ -1,4 +1,4 @@
-"""`--auth none` is refused on a non-loopback `--listen` unless allowed (SPEC §9). Pure."""
+"""`--auth none` is refused on a non-loopback `--listen` unless allowed (docs/security.md#none). Pure."""
 
 from __future__ import annotations
 

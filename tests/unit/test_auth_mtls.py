@@ -1,4 +1,4 @@
-"""`--auth mtls`: the principal of a client certificate (SPEC §9). Real certificates."""
+"""`--auth mtls`: the principal of a client certificate (docs/security.md#mtls). Real certificates."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`--max-requests-per-s`: the per-principal token bucket (SPEC §9). Injected clock, no sleeps."""
+"""`--max-requests-per-s`: the per-principal token bucket (docs/security.md#quotas). Injected
+clock, no sleeps."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Secrets never reach logs or error texts (SPEC §9 Audit): `redact` and `RedactFilter`."""
+"""Secrets never reach logs or error texts
+(docs/security.md#secrets-what-never-leaves-the-process): `redact` and `RedactFilter`."""
 
 from __future__ import annotations
 

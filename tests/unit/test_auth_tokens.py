@@ -1,4 +1,5 @@
-"""`--auth token`: the token-hash file — parsing, lookup, rotation without restart (SPEC §9).
+"""`--auth token`: the token-hash file — parsing, lookup, rotation without restart
+(docs/security.md#token).
 
 Real files in a temp dir; rotation is a write-then-rename over the file (as Kubernetes
 does with Secret volumes) and a symlink swap; time is an injected clock, never a sleep.

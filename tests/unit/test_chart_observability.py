@@ -1,4 +1,4 @@
-"""What the chart promises for observability (SPEC §10, §10.1 "Chart" and "Metrics").
+"""What the chart promises for observability (docs/operations.md#metrics, docs/kubernetes.md#monitoring).
 
 The metrics port and its headless Service, the ServiceMonitor and PrometheusRule
 (rendered offline, not gated on .Capabilities, valid against the upstream CRD schemas),

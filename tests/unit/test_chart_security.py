@@ -1,4 +1,5 @@
-"""What the chart promises for security (SPEC §9, last bullet), on the rendered manifests.
+"""What the chart promises for security (docs/security.md#on-kubernetes-the-charts-defaults,
+last bullet), on the rendered manifests.
 
 Rendered offline (helm-python-sdk), in every variant of support.chart.VARIANTS: who may
 reach etcd and the service (NetworkPolicies, checked against the labels of the pods they

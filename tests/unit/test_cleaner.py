@@ -1,4 +1,5 @@
-"""The error cleaner (SPEC §4): raw message text -> PostgreSQL condition + one-line hint.
+"""The error cleaner (docs/recovery.md#1-the-error-cleaner): raw message text -> PostgreSQL
+condition + one-line hint.
 
 Pure: no etcd, no server. Every case is a raw message as a built-in tool, the engine or a
 custom tool would produce it.

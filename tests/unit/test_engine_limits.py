@@ -1,5 +1,5 @@
-"""Every answer fits (SPEC §2): the budget checks, as pure functions of the running
-totals — the same cost at step 1 and step 500."""
+"""Every answer fits (docs/architecture.md#every-answer-fits-cost-does-not-grow): the budget
+checks, as pure functions of the running totals — the same cost at step 1 and step 500."""
 
 from __future__ import annotations
 

@@ -94,7 +94,8 @@ def test_every_record_survives_its_codec():
 
 
 def test_the_header_stays_small_whatever_the_transaction_did():
-    """Cost does not grow (SPEC §2): counters, not lists of steps or keys."""
+    """Cost does not grow (docs/architecture.md#every-answer-fits-cost-does-not-grow):
+    counters, not lists of steps or keys."""
     small = len(encode_header(header(next_step_id=2)))
     large = len(encode_header(header(next_step_id=100_000, highest_step=100_000,
                                      budget=Budget(900, 900, 10**9, 500, 10**8, 100, 10**6))))

@@ -1,4 +1,5 @@
-"""The outcomes report: figures follow from the run records, in the shape SPEC §10.1 pins."""
+"""The outcomes report: figures follow from the run records, in the shape
+docs/benchmarks.md#agent-outcomes pins."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The rollback planner, branch by branch (SPEC §5). Pure: no etcd, no server."""
+"""The rollback planner, branch by branch (docs/recovery.md#4-the-planner). Pure: no etcd, no server."""
 
 from __future__ import annotations
 

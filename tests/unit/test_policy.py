@@ -1,4 +1,5 @@
-"""Policy wire format, selection and resolution (SPEC §2, §8). Pure: no etcd."""
+"""Policy wire format, selection and resolution (docs/recovery.md#the-policy,
+docs/kubernetes.md#3-apply-policies). Pure: no etcd."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ async def test_stop_from_inside_one_of_its_own_tasks_does_not_wait_for_itself() 
             raise
 
     async def stopper() -> str:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn, so `other` has started: a yield, not a wait
         await tasks.stop()
         return "returned"
 
@@ -89,7 +89,7 @@ async def test_a_task_that_ignores_cancellation_is_reported_and_stop_still_retur
                 continue
 
     task = tasks.start(stubborn(), name="stubborn")
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn, so it runs and waits: a yield, not a wait
     with caplog.at_level(logging.ERROR, logger="agenttx.tasks"):
         await asyncio.wait_for(tasks.stop(grace_s=0.2), 5)
     assert [r.task for r in caplog.records  # type: ignore[attr-defined]

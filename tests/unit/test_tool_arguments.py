@@ -1,4 +1,5 @@
-"""The Tool interface's argument models: serde-style messages for custom tools too (SPEC §3).
+"""The Tool interface's argument models: serde-style messages for custom tools too
+(docs/tools.md#arguments).
 
 A custom tool may describe its arguments with a pydantic model; its validation errors must
 read like the built-ins' (serde) so the cleaner gives the same hints, naming the argument.

@@ -102,7 +102,7 @@ def _when(ts: float, now: float) -> str:
 
 
 def list_rows(rows: Sequence[TransactionSummary], now: float) -> list[dict[str, Any]]:
-    """The `--json` shape (SPEC §10.1)."""
+    """The `--json` shape (docs/client.md#operating-agenttx-tx)."""
     return [{"transaction_id": r.transaction_id, "status": r.status.value,
              "agent_id": r.agent_id, "principal": r.principal,
              "next_step_id": r.next_step_id, "age_s": _age_s(r.created_at, now)}

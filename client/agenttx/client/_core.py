@@ -8,8 +8,8 @@ The retry rules (carried out by `_flows`):
   other replica the client was given (`Endpoints`);
 - a step whose answer was lost (UNAVAILABLE, DEADLINE_EXCEEDED) is re-sent once, and only
   when a re-read proves it did not apply (`may_resend`). That is safe because the service
-  applies step n only while the transaction's next step is n (SPEC §2): a re-send can never
-  apply a step twice;
+  applies step n only while the transaction's next step is n (docs/api.md#executestep): a
+  re-send can never apply a step twice;
 - nothing else is ever retried: a commit or rollback that ends in UNAVAILABLE or
   DEADLINE_EXCEEDED may have applied, and so may a step the re-read cannot clear. The
   caller raises `OutcomeUnknown` with what the re-read saw (`unknown_outcome` below).

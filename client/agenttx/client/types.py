@@ -18,7 +18,7 @@ from typing import Any
 
 
 class Strategy(enum.StrEnum):
-    """How the service recovered from a failed step (SPEC §5). NONE on success."""
+    """How the service recovered from a failed step (docs/recovery.md#4-the-planner). NONE on success."""
 
     NONE = "NONE"
     LOCAL_BACKTRACK = "LOCAL_BACKTRACK"

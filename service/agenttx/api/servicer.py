@@ -124,7 +124,7 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 fields = {"rpc": name, "code": code.name, "ms": round(elapsed * 1000, 2),
                           "etcd_round_trips": record.etcd_round_trips, **record.fields}
                 if name in STATE_CHANGING:
-                    fields["audit"] = True  # SPEC §9: who changed what, and how it ended
+                    fields["audit"] = True  # docs/security.md#audit-log: who changed what, and how it ended
                 if error:
                     fields["error"] = error
                 log.info("rpc", extra=fields)
@@ -150,8 +150,8 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
         return self.dead_letters
 
     async def authenticate(self, context: grpc.aio.ServicerContext) -> Caller:
-        """Who is calling (SPEC §9): UNAUTHENTICATED without valid credentials, then
-        RESOURCE_EXHAUSTED past the principal's request rate."""
+        """Who is calling (docs/security.md#authentication---auth): UNAUTHENTICATED without
+        valid credentials, then RESOURCE_EXHAUSTED past the principal's request rate."""
         if self.authenticator is None or self.authenticator.mode.value == "none":
             return ANONYMOUS
         principal = await self.authenticator.authenticate_call(context)
@@ -250,7 +250,7 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
         tx_id = validation.transaction_id(request.transaction_id)
         validation.decision(request.digest, request.approve, request.reason)
         tx_id = validation.known_transaction_id(tx_id)
-        # the audit line (SPEC §9): who decided what, and how it ended (`outcome`)
+        # the audit line (docs/security.md#audit-log): who decided what, and how it ended (`outcome`)
         rpc_context.note(tx=tx_id, decision="approve" if request.approve else "reject",
                          reason=request.reason[:200])
         outcome = await self.engine.decide(tx_id, request.digest, request.approve,

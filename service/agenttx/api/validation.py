@@ -1,7 +1,8 @@
-"""Request validation (SPEC §1). Every rule raises InvalidArgument and changes nothing.
+"""Request validation (docs/api.md#status-codes). Every rule raises InvalidArgument and changes nothing.
 
 A malformed `arguments_json` is deliberately NOT checked here: it is a failed step
-with a hint (SPEC §4), not an RPC error. Only its size is an RPC-level limit.
+with a hint (docs/recovery.md#1-the-error-cleaner), not an RPC error. Only its size is an
+RPC-level limit.
 """
 
 from __future__ import annotations

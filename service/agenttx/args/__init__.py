@@ -3,7 +3,7 @@
 Why a package of its own: the servicer, the engine and the tools all need these pure
 functions, and they sit below every one of them (`api -> engine -> tools -> args`). It must
 never import from `agenttx.engine`, `agenttx.tools`, `agenttx.store`, grpc or aetcd, and
-never do I/O. Everything here is linear in the size of its input (SPEC §3).
+never do I/O. Everything here is linear in the size of its input (docs/tools.md#the-built-ins).
 """
 
 from .jsonargs import MAX_DEPTH, ArgumentsError, describe, dumps, json_depth, parse_arguments

@@ -5,9 +5,9 @@ name line and column. Python's json module has other wording and accepts things 
 rejects (lone surrogates, NaN, numbers an f64 cannot hold, repeated keys, unbounded
 nesting), so we normalise both here.
 
-Every step's arguments (up to 1 MiB, SPEC §1) pass through this module on a replica that
+Every step's arguments (up to 1 MiB, docs/api.md#status-codes) pass through this module on a replica that
 serves other transactions, so its cost must be linear in the document for ANY input, valid
-or not (SPEC §3): the happy path is CPython's C decoder, and every diagnostic (which
+or not (docs/tools.md#the-built-ins): the happy path is CPython's C decoder, and every diagnostic (which
 literal, which key, which escape, how deep, line and column) is a scan with possessive
 regexes (Python >= 3.11) that neither backtracks nor restarts per position, or a C-level
 string method. Patterns that could restart per position (an unterminated string full of

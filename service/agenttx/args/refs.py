@@ -12,8 +12,9 @@ after it, and once no `}` is left nothing after can be a reference. Resolution c
 every expansion against MAX_EXPANSION and keeps the result within the JSON nesting limit.
 
 The engine uses `Resolution.referenced` / `ReferenceError_.referenced` for dependencies and
-`offending_step` for the culprit of a failed step (SPEC §5); both cover every reference in
-the document, also those after the one that failed.
+`offending_step` for the culprit of a failed step
+(docs/recovery.md#3-dependencies-and-provenance); both cover every reference in the document,
+also those after the one that failed.
 
 Pure functions; no I/O; imports nothing above `agenttx.args`.
 """
@@ -420,7 +421,8 @@ def _rebuild(args: Any, strings: dict[int, _New]) -> Any:
 # ---- culprits ----------------------------------------------------------------------------
 
 def offending_step(argument: str | None, provenance: Mapping[str, int]) -> int | None:
-    """The step whose output produced the offending `argument` (SPEC §5 culprit rule).
+    """The step whose output produced the offending `argument` (the culprit rule:
+    docs/recovery.md#3-dependencies-and-provenance).
 
     The argument may be a referenced path itself, lie below one (`fields.c` when the whole
     `fields` object came from `${steps.2.value}`), or lie above one (`fields` when the

@@ -1,4 +1,4 @@
-"""Authentication, client TLS, per-principal rate quota and secret redaction (SPEC §9).
+"""Authentication, client TLS, per-principal rate quota and secret redaction (docs/security.md).
 
 The public surface; the modules behind it are private details:
 

@@ -1,4 +1,5 @@
-"""The one entry point the servicer calls: credentials of a call -> Principal (SPEC §9).
+"""The one entry point the servicer calls: credentials of a call -> Principal
+(docs/security.md#authentication---auth).
 
 Why a facade: the servicer, the quota and the audit log need a Principal and do not
 care which of the four modes produced it; the modes' state (a token file that is

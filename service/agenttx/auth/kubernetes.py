@@ -1,4 +1,4 @@
-"""`--auth kubernetes`: projected ServiceAccount tokens verified offline (SPEC §9).
+"""`--auth kubernetes`: projected ServiceAccount tokens verified offline (docs/security.md#kubernetes).
 
 Why offline: service pods must need no Kubernetes API access (no TokenReview). The
 operator reads the cluster's service-account issuer discovery and publishes the keys
@@ -10,7 +10,7 @@ key), audience, expiry and not-before (with a small leeway), and issuer.
 
 What it must never do: accept an algorithm the key was not published for (`alg: none`,
 HS256 signed with the public key as the secret), accept a token whose key is unknown,
-or say why a token was refused beyond "invalid" / "expired" (SPEC §9). A malformed
+or say why a token was refused beyond "invalid" / "expired" (docs/security.md#kubernetes). A malformed
 published document keeps the previous keys (logged); a deleted document means no
 keys, so every token is refused. Never logs a token.
 """

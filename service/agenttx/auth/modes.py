@@ -1,4 +1,4 @@
-"""The `--auth` modes, and the start-up rule for `--auth none` (SPEC §9).
+"""The `--auth` modes, and the start-up rule for `--auth none` (docs/security.md#none).
 
 Why a rule at start-up: without authentication every caller is the same principal, so
 anyone who can reach the port can read and end everyone's transactions. That is fine

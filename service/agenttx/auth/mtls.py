@@ -1,4 +1,4 @@
-"""`--auth mtls`: the principal is the verified client certificate (SPEC §9).
+"""`--auth mtls`: the principal is the verified client certificate (docs/security.md#mtls).
 
 Why from the certificate: with `--tls-client-ca-file` gRPC has already verified the
 chain during the handshake, so the leaf certificate in the call's auth context *is*

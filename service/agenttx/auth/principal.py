@@ -1,8 +1,10 @@
-"""Who is calling: the `Principal` every authentication mode produces (SPEC §9).
+"""Who is calling: the `Principal` every authentication mode produces
+(docs/security.md#authentication---auth).
 
 Why one small value type: ownership of transactions, policy scope, quotas and the
-per-principal idempotency keys (SPEC §6) all key on the same identity, whichever mode
-proved it. `name` is that identity; `namespace` decides which policies apply.
+per-principal idempotency keys
+(docs/architecture.md#effects-staged-in-a-step-sent-after-commit) all key on the same identity,
+whichever mode proved it. `name` is that identity; `namespace` decides which policies apply.
 
 What this module must never do: carry a credential. A Principal is safe to log, to
 store in etcd and to put in an error message; the token or certificate that proved it
@@ -20,8 +22,8 @@ ADMIN_ROLE = "admin"
 # (docs/approvals.md, "Who decides").
 APPROVER_ROLE = "approver"
 
-# The only three texts an UNAUTHENTICATED answer may carry (SPEC §9: no detail beyond
-# "missing" / "invalid" / "expired").
+# The only three texts an UNAUTHENTICATED answer may carry
+# (docs/security.md#authentication---auth: no detail beyond "missing" / "invalid" / "expired").
 MISSING = "missing credentials"
 INVALID = "invalid credentials"
 EXPIRED = "expired credentials"
@@ -56,7 +58,8 @@ class Principal:
 
 
 # `--auth none`: every caller is this one principal (one deployment-wide identity, so
-# idempotency keys and quotas are per deployment, as SPEC §6 says for that case).
+# idempotency keys and quotas are per deployment, as
+# docs/architecture.md#effects-staged-in-a-step-sent-after-commit says for that case).
 ANONYMOUS = Principal(name="", namespace=None, roles=frozenset())
 
 

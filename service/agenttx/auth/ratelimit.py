@@ -1,4 +1,4 @@
-"""`--max-requests-per-s`: a token bucket per principal on this replica (SPEC §9).
+"""`--max-requests-per-s`: a token bucket per principal on this replica (docs/security.md#quotas).
 
 Why per principal: one client must not starve the others, and a shared limit would
 let it. Why per replica: a deployment-wide rate would cost an etcd round trip per

@@ -1,4 +1,5 @@
-"""Strip secrets from text before it is logged or returned (SPEC §9 Audit).
+"""Strip secrets from text before it is logged or returned
+(docs/security.md#secrets-what-never-leaves-the-process).
 
 Why a filter on text and not only care at each call site: secrets reach messages
 indirectly — an aiohttp error quoting a webhook URL with `user:password@`, an SMTP

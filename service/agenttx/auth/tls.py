@@ -1,4 +1,5 @@
-"""Client-facing TLS whose certificate files are re-read when they change (SPEC §9).
+"""Client-facing TLS whose certificate files are re-read when they change
+(docs/security.md#tls-for-clients-and-for-etcd).
 
 Why: certificates are short-lived (cert-manager renews them into a Secret volume) and a
 renewal must not need a restart. grpc's `dynamic_ssl_server_credentials` asks a fetcher

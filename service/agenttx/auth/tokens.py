@@ -1,4 +1,4 @@
-"""`--auth token`: bearer tokens checked against a file of their SHA-256 hashes (SPEC §9).
+"""`--auth token`: bearer tokens checked against a file of their SHA-256 hashes (docs/security.md#token).
 
 Why hashes: the file is mounted from a Secret and readable by the pod; a hash lets us
 recognise a token without a copy of it anywhere on disk. Why re-read it: tokens are

@@ -99,7 +99,7 @@ class Keys:
         return self._k("touch", "")
 
     def open_slot(self, principal: str, slot: int) -> bytes:
-        """One open-transaction slot of a principal (SPEC §9 quotas): a transaction takes a
+        """One open-transaction slot of a principal (docs/security.md#quotas): a transaction takes a
         free slot at begin and frees it when it ends, so the count is exact across
         replicas without a shared counter."""
         return self._k("open", _q(principal or "-"), f"{slot:06d}")
@@ -196,7 +196,8 @@ class Keys:
     # locks, idempotency keys, outbox
     def fs_lock(self, real_path: str) -> bytes:
         """The lock of one file, named by its resolved absolute path (symlinks and `.`
-        followed), so two spellings of one file are one lock (SPEC §3)."""
+        followed), so two spellings of one file are one lock
+        (docs/architecture.md#fs-writes-atomic-and-crash-recoverable)."""
         return self._k("locks", "fs", _q(real_path))
 
     def fs_locks_prefix(self) -> bytes:

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Ranges shared with the API validation and the CRD schema (SPEC §1, §8).
+# Ranges shared with the API validation and the CRD schema (docs/api.md#begintransaction,
+# docs/kubernetes.md#3-apply-policies).
 DEPTH_MIN, DEPTH_MAX = 0, 16
 FACTOR_MIN, FACTOR_MAX = 0.1, 1000.0
 
@@ -67,7 +68,8 @@ def _check_factor(name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class RollbackSettings:
-    """The rollback limits of a policy (SPEC §5 defaults). Range-checked on construction."""
+    """The rollback limits of a policy (defaults: docs/recovery.md#the-policy). Range-checked
+    on construction."""
 
     max_local_depth: int = 3
     max_global_resets: int = 1

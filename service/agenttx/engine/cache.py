@@ -5,7 +5,7 @@ Nothing here is trusted: it is a guess that the next compare-and-swap validates.
 * `TxState` is a transaction as this replica last read or wrote it, at header revision
   `rev`. A step executes against it and CASes on `rev`; if another replica advanced the
   transaction meanwhile, the compare fails, nothing is written, and the engine reloads
-  and executes again (SPEC §2: exactly one winner per step; a stale cache never loses a
+  and executes again (docs/api.md#executestep: exactly one winner per step; a stale cache never loses a
   step). `complete` means the state holds every touched entry and staged effect of the
   transaction (this replica began it, or loaded all of it): then a key missing from
   `entries` was never touched.

@@ -1,4 +1,5 @@
-"""CommitTransaction: one compare-and-swap over the read and write sets (SPEC §2).
+"""CommitTransaction: one compare-and-swap over the read and write sets
+(docs/architecture.md#isolation-and-commit-serializable).
 
 `ops.commit_plan` builds the etcd transaction as data from a `CommitSnapshot`; this
 module loads the snapshot (from the replica's cache when it holds the whole
@@ -277,9 +278,10 @@ class Committer:
 
     async def _apply(self, state: TxState, ended_by: str, *, deciding: bool = False
                      ) -> CommitOutcome | Conflicted:
-        """The commit's one etcd transaction (SPEC §2), ended by `ended_by`; a lost
-        compare on a data key is compensated and reported as `Conflicted`. Raises Stale
-        when the header moved (nothing written)."""
+        """The commit's one etcd transaction
+        (docs/architecture.md#isolation-and-commit-serializable), ended by `ended_by`; a lost
+        compare on a data key is compensated and reported as `Conflicted`. Raises Stale when
+        the header moved (nothing written)."""
         h = state.header
         effects = [e for step in sorted(state.effects) for e in state.effects[step]]
         d = self.dispatcher

@@ -1,11 +1,11 @@
 """Size and operation budgets: nothing the service accepted may later fail for size.
 
-SPEC §2 "every answer fits": a step whose output, references, raw_context or writes would
-make any response (ExecuteStep, GetTransaction's whole context log) or any etcd request
-of the transaction (the step's CAS, the commit, a rollback) exceed what the service and
-etcd carry fails *before it applies* with `program_limit_exceeded`, naming the limit.
-The checks are pure functions of the transaction's running `Budget` and the step's own
-delta, so they cost the same at step 1 and step 500.
+Every answer fits (docs/architecture.md#every-answer-fits-cost-does-not-grow): a step whose
+output, references, raw_context or writes would make any response (ExecuteStep,
+GetTransaction's whole context log) or any etcd request of the transaction (the step's CAS, the
+commit, a rollback) exceed what the service and etcd carry fails *before it applies* with
+`program_limit_exceeded`, naming the limit. The checks are pure functions of the transaction's
+running `Budget` and the step's own delta, so they cost the same at step 1 and step 500.
 
 Where the numbers come from:
 * etcd refuses a Txn with more than `--max-txn-ops` compares, or success, or failure
@@ -124,8 +124,8 @@ def check_step(limits: Limits, after: Budget, *, step_compares: int, step_ops: i
 
 
 def add_constraint(constraints: tuple[str, ...], hint: str) -> tuple[str, ...]:
-    """Append a distinct hint (SPEC §4), within MAX_CONSTRAINTS_BYTES: once full, new
-    hints are still answered in clean_hint but no longer aggregated."""
+    """Append a distinct hint (docs/recovery.md#1-the-error-cleaner), within
+    MAX_CONSTRAINTS_BYTES: once full, new hints are still answered in clean_hint but no longer aggregated."""
     if hint in constraints:
         return constraints
     if constraints_bytes(constraints) + len(hint.encode()) + 4 > MAX_CONSTRAINTS_BYTES:

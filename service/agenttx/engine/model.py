@@ -10,8 +10,8 @@ from .planner import Strategy
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who is calling (SPEC §9): the authenticated principal, or the anonymous one when
-    authentication is off ("" for everyone: ownership then holds trivially)."""
+    """Who is calling (docs/security.md#authentication---auth): the authenticated principal, or
+    the anonymous one when authentication is off ("" for everyone: ownership then holds trivially)."""
 
     principal: str = ""
     namespace: str | None = None

@@ -163,8 +163,9 @@ def step_entries(before: Mapping[bytes, tuple[int | None, WriteState]],
 
 def observation_entries(observed: Mapping[bytes, int],
                         known: Mapping[bytes, Touched | None]) -> dict[bytes, Touched]:
-    """What a failed step records: the keys it read for the first time (SPEC §2: failed
-    reads are part of the read set), nothing it would have written."""
+    """What a failed step records: the keys it read for the first time
+    (docs/architecture.md#isolation-and-commit-serializable: failed reads are part of the read
+    set), nothing it would have written."""
     return {dk: Touched(seen) for dk, seen in observed.items()
             if is_data_key(dk) and known.get(dk) is None}
 
@@ -270,11 +271,11 @@ class CommitSnapshot:
 
 def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0,
                 history: Sequence[Put] = ()) -> TxnPlan:
-    """The commit of SPEC §2, as etcd's STM does it: compare every key of the read and
-    write sets with the revision the transaction first observed (0 = absent), apply the
-    buffered writes, move staged effects to the outbox (re-reserving their idempotency
-    keys for the retention window), release locks, end the transaction. Linear in the
-    touched keys and effects; independent of how many steps ran."""
+    """The commit (docs/architecture.md#isolation-and-commit-serializable), as etcd's STM does
+    it: compare every key of the read and write sets with the revision the transaction first
+    observed (0 = absent), apply the buffered writes, move staged effects to the outbox
+    (re-reserving their idempotency keys for the retention window), release locks, end the
+    transaction. Linear in the touched keys and effects; independent of how many steps ran."""
     h = snap.header
     hkey = keys.tx_header(h.id)
     compares: list[Compare] = [cmp_mod(hkey, snap.rev)]

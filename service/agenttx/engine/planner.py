@@ -1,7 +1,7 @@
 """The rollback planner: which steps to undo after a failed step, and what to send next.
 
-SPEC §5 is implemented here and nowhere else. The planner is a pure function over plain
-data — no I/O, no clock, no grpc or etcd types — for two reasons:
+The planner of docs/recovery.md#4-the-planner is implemented here and nowhere else. The planner
+is a pure function over plain data — no I/O, no clock, no grpc or etcd types — for two reasons:
 
 * it is the part of AgentTx whose behaviour users reason about ("why did it jump back to
   step 2?"), so it must be readable and testable in isolation, branch by branch, without
@@ -13,7 +13,7 @@ data — no I/O, no clock, no grpc or etcd types — for two reasons:
 The engine gathers the facts (`FailureFacts`, using `find_dependencies` and
 `find_culprit` for provenance), calls `plan_rollback`, then carries the plan out. This
 module never undoes anything itself, and it never returns `Strategy.MANUAL`: MANUAL is
-what the engine records when an undo action the plan asked for fails (SPEC §5.5) or when
+what the engine records when an undo action the plan asked for fails (docs/recovery.md#4-the-planner) or when
 the agent asks for a rollback explicitly.
 """
 
@@ -36,7 +36,8 @@ class Strategy(enum.Enum):
 
 
 # Error categories whose offending value can be traced to the step that produced it
-# (SPEC §5.1). Only for these does a culprit short-circuit the local retries.
+# (docs/recovery.md#3-dependencies-and-provenance). Only for these does a culprit short-circuit
+# the local retries.
 CULPRIT_CATEGORIES = frozenset({"foreign_key_violation", "no_data_found", "undefined_file"})
 
 
@@ -79,7 +80,7 @@ class Plan:
 
 
 def plan_rollback(facts: FailureFacts, limits: PolicyLimits) -> Plan:
-    """Choose the rollback for failed step `facts.failed_step` (SPEC §5.2–§5.4).
+    """Choose the rollback for failed step `facts.failed_step` (docs/recovery.md#4-the-planner).
 
     In order:
       1. a culprit category with a live culprit j -> DEPENDENCY_JUMP to j;
@@ -155,7 +156,8 @@ def _jump(facts: FailureFacts, target: int) -> Plan:
 
 
 def _budgeted(plan: Plan, facts: FailureFacts, limits: PolicyLimits) -> Plan:
-    """Return `plan`, or ABORT if its undo would take replay above the budget (§5.3)."""
+    """Return `plan`, or ABORT if its undo would take replay above the budget (the replay
+    budget: docs/recovery.md#4-the-planner)."""
     if not plan.undo:
         return plan
     highest = max(1, facts.highest_step)
@@ -210,7 +212,7 @@ def _last_toucher(data_id: str, live: Sequence[StepTouch]) -> StepTouch | None:
 def find_dependencies(
     *, referenced_steps: Iterable[int], touched: Iterable[str], live: Sequence[StepTouch]
 ) -> frozenset[int]:
-    """Live steps the failed step depends on (SPEC §5.1).
+    """Live steps the failed step depends on (docs/recovery.md#3-dependencies-and-provenance).
 
     That is every live step named by a `${steps.j…}` reference, plus, for each data id
     the failed step touches (reads, writes, foreign-key targets, file paths), the live
@@ -232,7 +234,8 @@ def find_culprit(
     offending_data: str | None,
     live: Sequence[StepTouch],
 ) -> int | None:
-    """The live step that produced the value step n choked on, or None (SPEC §5.1).
+    """The live step that produced the value step n choked on, or None
+    (docs/recovery.md#3-dependencies-and-provenance).
 
     Only for the culprit categories. First choice: the live step whose output reached
     the offending argument through a `${steps.j…}` reference. Otherwise, for

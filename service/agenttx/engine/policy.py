@@ -51,7 +51,8 @@ def _specificity(p: PublishedPolicy) -> tuple[int, int, int, str, int]:
 def select_policy(
     policies: Iterable[PublishedPolicy], agent_id: str, metadata: Mapping[str, str]
 ) -> PublishedPolicy | None:
-    """The most specific policy matching the agent (SPEC §8), or None if none matches."""
+    """The most specific policy matching the agent (docs/kubernetes.md#3-apply-policies), or
+    None if none matches."""
     candidates = [p for p in policies if matches(p, agent_id, metadata)]
     if not candidates:
         return None

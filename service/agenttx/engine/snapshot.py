@@ -5,7 +5,8 @@ A step needs the header, the outputs of the steps its arguments reference and th
 entries of the keys its tool names (its prefetch); commit and abort need every touched
 entry and staged effect; a rollback needs the records of the steps it undoes. Each is
 one etcd round trip in the common case (ranges are read in bounded pages), so what a
-call costs depends on what it touches, never on how many steps came before (SPEC §2).
+call costs depends on what it touches, never on how many steps came before
+(docs/architecture.md#every-answer-fits-cost-does-not-grow).
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ Layout (contracts.layout):
     hist/<id>/...          history      kept after the end on shared leases (engine.history,
                                         which has its own records and codec)
 
-Why this shape (SPEC §2 "cost does not grow"): a step reads and writes the header plus
-the entries of the keys it touches and nothing else, so step 500 costs what step 1
-costs; commit reads the entries (its read and write sets) and the staged effects, so it
-is linear in what the transaction touched, never in how many steps it ran.
+Why this shape (cost does not grow:
+docs/architecture.md#every-answer-fits-cost-does-not-grow): a step reads and writes the
+header plus the entries of the keys it touches and nothing else, so step 500 costs what step 1
+costs; commit reads the entries (its read and write sets) and the staged effects, so it is
+linear in what the transaction touched, never in how many steps it ran.
 
 Live steps are always 1 … next_step_id − 1: a step applies at next_step_id and every
 rollback undoes a suffix (a dependency jump, a reset, a manual rollback, an interrupted
@@ -53,7 +54,7 @@ def from_json(raw: bytes) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class TxPolicy:
-    """The effective policy, resolved once at begin (SPEC §2)."""
+    """The effective policy, resolved once at begin (docs/recovery.md#the-policy)."""
 
     max_local_depth: int
     max_global_resets: int
@@ -66,7 +67,7 @@ class TxPolicy:
 @dataclass(frozen=True, slots=True)
 class Budget:
     """What the transaction holds, kept up to date by every step so limits are checked
-    without reading the steps (SPEC §2 "every answer fits")."""
+    without reading the steps (docs/architecture.md#every-answer-fits-cost-does-not-grow)."""
 
     read_keys: int = 0       # entries with an observed revision: commit compares
     write_keys: int = 0      # entries with a buffered write: commit puts/deletes
@@ -81,8 +82,9 @@ class Budget:
         return Budget(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
 
     def minus_undone(self, other: Budget) -> Budget:
-        """Undo a step's delta; the read set is never shrunk (SPEC §2: every key the
-        transaction read, failed reads included, is validated at commit)."""
+        """Undo a step's delta; the read set is never shrunk
+        (docs/architecture.md#isolation-and-commit-serializable: every key the transaction
+        read, failed reads included, is validated at commit)."""
         return Budget(self.read_keys, *(a - b for a, b in
                                         zip(_fields(self)[1:], _fields(other)[1:], strict=True)))
 
@@ -95,10 +97,10 @@ def _fields(b: Budget) -> tuple[int, ...]:
 @dataclass(frozen=True, slots=True)
 class FsPending:
     """An fs.write committed in etcd whose rename over the target may not have happened
-    yet (SPEC §3 crash safety). Set by the fs step's CAS; every later state change first
-    checks whether the step's temp file is still there (the rename removes it) and clears
-    the marker, or rolls the write back. The target's contents are never consulted: an
-    acknowledged step is final, whatever happens to its file afterwards."""
+    yet (docs/architecture.md#fs-writes-atomic-and-crash-recoverable). Set by the
+    fs step's CAS; every later state change first checks whether the step's temp file is still
+    there (the rename removes it) and clears the marker, or rolls the write back. The target's
+    contents are never consulted: an acknowledged step is final, whatever happens to its file afterwards."""
 
     step_id: int
     attempt: str
@@ -137,7 +139,7 @@ class UndoIntent:
     owner: str
     since: float
     end: bool
-    automatic: bool                 # automatic rollbacks count as replay (SPEC §5.3)
+    automatic: bool                 # automatic rollbacks count as replay (docs/recovery.md#4-the-planner)
     next_step_id: int = 0
     global_resets: int = 0
     replay_used: int = 0

@@ -107,7 +107,8 @@ def has_intent(tool: Tool | None) -> bool:
 
 
 def require_owner(state: TxState, caller: Caller) -> None:
-    """SPEC §9: another principal's transaction does not exist for the caller."""
+    """Ownership (docs/security.md#ownership-and-admins): another principal's transaction does not exist
+    for the caller."""
     if state.header.principal != caller.principal:
         raise not_found(state.header.id)
 

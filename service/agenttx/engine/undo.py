@@ -8,7 +8,8 @@ restored in the touched entries and their records dropped. Steps that changed th
 header) is committed before touching anything, then the actions run, then the final
 CAS; a replica that dies in between leaves a durable plan that any replica resumes
 (`settle`). Undo actions are idempotent, so resuming is safe. If an action fails, the
-rollback stops there and the transaction waits for RollbackTransaction (SPEC §5 MANUAL).
+rollback stops there and the transaction waits for RollbackTransaction (MANUAL:
+docs/recovery.md#4-the-planner).
 
 `settle` also finishes a toolset saga call that a replica began but did not record
 (`SagaPending`, docs/toolsets.md "Crash windows"): nobody can know whether the upstream
@@ -276,8 +277,8 @@ class Undoer:
 
     async def undo_actions(self, tx_id: str, records: Sequence[StepRecord]
                            ) -> tuple[list[str], list[int]]:
-        """Run undo actions newest first; stop at the first failure (SPEC §5 MANUAL).
-        Returns (compensation errors, steps undone)."""
+        """Run undo actions newest first; stop at the first failure (MANUAL:
+        docs/recovery.md#4-the-planner). Returns (compensation errors, steps undone)."""
         errors: list[str] = []
         done: list[int] = []
         for r in records:

@@ -9,7 +9,8 @@ compare-and-swap. The view records, for the step's CAS:
   unknown). The CAS compares every one, so the step applies only if the assumption was
   right; otherwise the engine learns the real state from the CAS's failure branch and
   runs the step again. This is how a step costs one round trip and still records the
-  exact revision each key had when the transaction first touched it (SPEC §2).
+  exact revision each key had when the transaction first touched it
+  (docs/architecture.md#isolation-and-commit-serializable).
 * `states`: the write state of each key after this step, and `before`, the state each
   had before it (the step's undo image: undo restores it).
 * effects staged (with their idempotency reservations), the fs.write intent, the data

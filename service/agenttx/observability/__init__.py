@@ -1,1 +1,1 @@
-"""Metrics, traces and health: how an operator sees AgentTx (SPEC §10)."""
+"""Metrics, traces and health: how an operator sees AgentTx (docs/operations.md#traces)."""

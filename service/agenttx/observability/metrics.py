@@ -1,4 +1,4 @@
-"""Prometheus metrics of one replica (SPEC §10), in a registry of their own.
+"""Prometheus metrics of one replica (docs/operations.md#metrics), in a registry of their own.
 
 Why one module: the chart's dashboard and alerts, docs/operations.md and the tests all
 refer to these names; `EXPORTED` is the list they are checked against, so a renamed

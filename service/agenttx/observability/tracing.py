@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (SPEC §10): a server span per RPC, an `execute_tool <tool>` span
+"""OpenTelemetry traces (docs/operations.md#traces): a server span per RPC, an `execute_tool <tool>` span
 per step, spans for etcd round trips and undo actions.
 
 Configured by the standard environment, like any OpenTelemetry SDK user:

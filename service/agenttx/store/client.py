@@ -61,7 +61,8 @@ T = TypeVar("T")
 # Large enough for a step record (1 MiB arguments + 1 MiB context + an undo image);
 # matches the --max-request-bytes we give an embedded etcd (embedded_etcd).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# Keys per page when a prefix is read in pages (SPEC §2: never one unbounded range).
+# Keys per page when a prefix is read in pages
+# (docs/architecture.md#every-answer-fits-cost-does-not-grow: never one unbounded range).
 PAGE_SIZE = 256
 
 

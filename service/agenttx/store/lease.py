@@ -7,9 +7,9 @@ leader) once it is lost, and revoked on stop; written once here, it is also the 
 code outside `client.py` that asks etcd anything about leases.
 
 Why leader leases: the outbox dispatcher and the idle-transaction reaper must each
-run on one replica at a time (SPEC §2, §6). An etcd lease alone is not mutual exclusion:
-a holder paused past its TTL (GC, VM stall, partition) wakes up still believing it leads
-(Jepsen, etcd 3.4.3). So leadership here has two halves:
+run on one replica at a time (docs/architecture.md#effects-staged-in-a-step-sent-after-commit).
+An etcd lease alone is not mutual exclusion: a holder paused past its TTL (GC, VM stall,
+partition) wakes up still believing it leads (Jepsen, etcd 3.4.3). So leadership here has two halves:
 
 * Local: `is_leader` turns False as soon as a keepalive fails or the lease's *local*
   deadline passes (monotonic clock, granted TTL minus a safety margin, measured from

@@ -72,6 +72,8 @@ class ServiceProcess:
                  workdir: str | os.PathLike[str], env: Mapping[str, str] | None = None,
                  extra_args: Sequence[str] | None = None, tls: TLS | None = None) -> None:
         self.name = name
+        self.prefix = prefix  # the replica's etcd key prefix (--etcd-prefix)
+        self.etcd_endpoints = list(etcd_endpoints or [])
         # how this harness itself talks to the replica (health checks, `stub`, `client()`)
         # when the replica serves TLS (--tls-cert-file): trust `tls.ca`, present `tls.cert`
         self.tls = tls

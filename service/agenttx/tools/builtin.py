@@ -1,4 +1,4 @@
-"""The eight built-in tools (seed 000, SPEC §3).
+"""The eight built-in tools (seed 000, docs/tools.md#the-built-ins).
 
 They are production primitives and the reference for users' own tools: each one
 validates its arguments serde-style, reads through the step context (committed data

@@ -64,9 +64,9 @@ class PolicyCache(Watch):
             log.error("ignoring malformed policy", extra={"key": key.decode(), "error": str(exc)})
 
     def in_scope(self, caller: Caller) -> list[PublishedPolicy]:
-        """SPEC §9 policy scope: with authentication on, a principal gets the policies
-        (and sandboxes) of its own namespace plus the service namespace's, never another
-        namespace's, whatever agent_id it chooses. Without authentication: all."""
+        """Policy scope (docs/security.md#policy-and-sandbox-scope): with authentication on, a
+        principal gets the policies (and sandboxes) of its own namespace plus the service
+        namespace's, never another namespace's, whatever agent_id it chooses. Without authentication: all."""
         if not caller.authenticated:
             return list(self.policies.values())
         allowed = {self.service_namespace} if self.service_namespace else set()

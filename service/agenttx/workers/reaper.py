@@ -12,8 +12,9 @@ write the reaper makes carries the lease's fence compares in the same etcd
 transaction; a replica that loses the lease stops acting before campaigning again.
 When the holder dies, another replica takes over within the lease TTL.
 
-The sweep reads transaction headers only, a page at a time (SPEC §2): its cost does not
-depend on how much data open transactions hold.
+The sweep reads transaction headers only, a page at a time
+(docs/architecture.md#every-answer-fits-cost-does-not-grow): its cost does not depend on how
+much data open transactions hold.
 """
 
 from __future__ import annotations
@@ -66,8 +67,12 @@ class Reaper:
                     if await self.lease.campaign():
                         await self.sweep()
                         if time.monotonic() - self._last_temp_sweep > self.temp_sweep_s:
-                            self._last_temp_sweep = time.monotonic()
+                            started = time.monotonic()
                             await self.sweep_temp_files()
+                            # Only a sweep that finished counts: one cut short (etcd slow,
+                            # leadership lost) is tried again on the next pass, not a whole
+                            # --temp-sweep-s later.
+                            self._last_temp_sweep = started
                     else:
                         METRICS.open_transactions.set(0)
                         METRICS.awaiting_rollback.set(0)
@@ -138,9 +143,10 @@ class Reaper:
         return expired
 
     async def sweep_temp_files(self) -> int:
-        """Remove fs.write temp files whose step is gone (SPEC §3: no stray files). A
-        temp file names its transaction, step and attempt; it is still needed only while
-        that transaction's header marks exactly that write as pending."""
+        """Remove fs.write temp files whose step is gone
+        (docs/architecture.md#fs-writes-atomic-and-crash-recoverable: no stray files). A temp
+        file names its transaction, step and attempt; it is still needed only while that
+        transaction's header marks exactly that write as pending."""
         removed = 0
         for root in dict.fromkeys(self.fs_roots()):
             found, restores = await asyncio.to_thread(_temp_files, root,

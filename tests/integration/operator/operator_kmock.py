@@ -20,7 +20,6 @@ import copy
 import datetime
 import json
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -37,6 +36,7 @@ from agenttx.store.client import Store
 from agenttx_operator import jwks, main, sandboxes
 from agenttx_operator.config import OperatorConfig
 from agenttx_operator.kube import Credentials
+from support.waiting import eventually_async, slack
 
 POLICIES = "agenttx.io/v1alpha1/agenttxpolicies"
 TOOLSETS = "agenttx.io/v1alpha1/agenttxtoolsets"
@@ -332,12 +332,14 @@ async def running_operator(config: OperatorConfig, api: ApiServer, *, token: str
     thread = threading.Thread(target=target, name="kopf-under-test", daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 15
-        while not ready.is_set():
-            assert not failure, failure
-            assert thread.is_alive(), "operator thread died"
-            assert time.monotonic() < deadline, "operator did not become ready"
-            await asyncio.sleep(0.05)
+        def started() -> bool:
+            if failure or not thread.is_alive():  # not retried: fails at once
+                raise RuntimeError(f"operator thread died: {failure}")
+            return ready.is_set()
+
+        # kopf's start-up: one list of every watched resource, then the startup handlers
+        # (each an etcd request at most)
+        await eventually(started, slack(STARTUP_S), "the operator becomes ready")
         yield
     finally:
         stop.set()
@@ -346,22 +348,23 @@ async def running_operator(config: OperatorConfig, api: ApiServer, *, token: str
     assert not failure, failure
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 15.0,
+# What the operator needs to act on one event on a quiet machine, with the settings
+# `make_config` gives it: one etcd request (etcd_timeout_s 1) and, after a failure, one
+# retry at most etcd_retry_max_s (1) later.
+OPERATOR_S = 2.0
+STARTUP_S = 5.0
+
+
+async def eventually(check: Callable[[], Any], timeout: float = slack(OPERATOR_S),
                      what: str = "condition") -> Any:
-    """Poll `check` (sync or async) until it returns a truthy value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if asyncio.iscoroutine(last):
-                last = await last
-        except (KeyError, ValueError, IndexError, TypeError):
-            last = None
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    """Wait until `check` (sync or async) returns a truthy value, through the one shared
+    helper (support.waiting); a missing key or item in what it reads is "not yet"."""
+    async def probe() -> Any:
+        value = check()
+        return await value if asyncio.iscoroutine(value) else value
+    return await eventually_async(probe, timeout, what,
+                                  retry_on=(AssertionError, KeyError, ValueError, IndexError,
+                                            TypeError))
 
 
 # ---- talking to the emulated API server as a user would --------------------------

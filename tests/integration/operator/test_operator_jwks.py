@@ -1,5 +1,5 @@
 """The operator publishes the cluster's service-account issuer keys for the service's
-`--auth kubernetes` (SPEC §9): real kopf in its own thread (`main.operate`), kmock as
+`--auth kubernetes` (docs/security.md#kubernetes): real kopf in its own thread (`main.operate`), kmock as
 the API server (serving the issuer discovery's non-resource URLs), a real etcd."""
 
 from __future__ import annotations

@@ -334,7 +334,9 @@ async def test_etcd_down_reports_etcd_unavailable_and_retries_until_it_is_back(
 
         late = EmbeddedEtcd(scratch / f"late-{port}", client_ports=[port]).start()
         try:
-            await eventually(reason_is(api, "later", "Published"), timeout=20,
+            # the handler's next retry (at most etcd_retry_max_s away) reaches etcd
+            await eventually(reason_is(api, "later", "Published"),
+                             timeout=slack(config.etcd_retry_max_s + config.etcd_timeout_s),
                              what="published after etcd came back")
             from agenttx.store.client import connect
             s = connect([f"127.0.0.1:{port}"])
@@ -359,7 +361,10 @@ async def test_delete_with_etcd_down_releases_the_finalizer_and_the_sweep_unpubl
                        delete_etcd_attempts=2)
     async with running_operator(dead, api):
         await delete(api, "orphan")
-        await eventually(lambda: obj(api, POLICIES, "team-a", "orphan") is None, timeout=20,
+        # after delete_etcd_attempts tries, each a timeout and a retry delay at most
+        await eventually(lambda: obj(api, POLICIES, "team-a", "orphan") is None,
+                         timeout=slack(dead.delete_etcd_attempts
+                                       * (dead.etcd_timeout_s + dead.etcd_retry_max_s)),
                          what="finalizer released")
         assert "EtcdUnavailable" in event_reasons(api, "orphan")
     assert await published(store, etcd_prefix, "orphan") is not None  # left behind...

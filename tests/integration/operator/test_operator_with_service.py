@@ -56,7 +56,7 @@ def first_failure(stub: pb_grpc.AgentTxServiceStub, agent_id: str) -> int:
 async def strategy_becomes(stub: pb_grpc.AgentTxServiceStub, agent_id: str, want: int) -> None:
     async def check() -> bool:
         return await asyncio.to_thread(first_failure, stub, agent_id) == want
-    await eventually(check, timeout=15, what=pb.RollbackStrategy.Name(want))
+    await eventually(check, what=pb.RollbackStrategy.Name(want))
 
 
 async def test_replica_applies_published_rollback_settings_until_deleted(
@@ -118,7 +118,7 @@ async def test_replica_writes_into_the_policy_sandbox(
         async def written() -> bool:
             await asyncio.to_thread(write)
             return (mount / "out" / "hello.txt").exists()
-        await eventually(written, timeout=15, what="file in the sandbox")
+        await eventually(written, what="file in the sandbox")
         assert (mount / "out" / "hello.txt").read_text() == uniq
         await delete(api, name)
 
@@ -159,7 +159,7 @@ async def test_replica_gates_what_a_published_policy_requires_approval_for(
             decided = b.stub.DecideApproval(pb.DecideApprovalRequest(
                 transaction_id=tx_id, digest=done.approval_digest, approve=True), timeout=10)
             return decided.status == pb.TRANSACTION_STATUS_COMMITTED
-        await eventually(gated, timeout=15, what="the commit waits for approval")
+        await eventually(gated, what="the commit waits for approval")
         # agents the policy does not select commit at once
         _, other = await asyncio.to_thread(commit_a_log_effect, a.stub, f"other-{uniq}")
         assert other.committed and not other.awaiting_approval
@@ -169,4 +169,4 @@ async def test_replica_gates_what_a_published_policy_requires_approval_for(
         async def ungated() -> bool:
             _, done = await asyncio.to_thread(commit_a_log_effect, a.stub, agents + "y")
             return done.committed
-        await eventually(ungated, timeout=15, what="no approval once deleted")
+        await eventually(ungated, what="no approval once deleted")

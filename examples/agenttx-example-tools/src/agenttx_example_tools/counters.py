@@ -5,8 +5,9 @@ context (`ctx.kv_get` / `ctx.kv_put`), which sees committed data plus the transa
 own live writes and buffers this step's writes. The engine stores them with the step,
 applies them at commit in one compare-and-swap, and on rollback simply drops them, so
 there is nothing to compensate. Because the context records which keys a step touched,
-a failure here is traced to the live step that last wrote the key (SPEC §5.1): if the
-counter holds text, an exhausted retry budget jumps back to the step that wrote it.
+a failure here is traced to the live step that last wrote the key
+(docs/recovery.md#3-dependencies-and-provenance): if the counter holds text, an exhausted retry
+budget jumps back to the step that wrote it.
 """
 
 from __future__ import annotations
