@@ -123,7 +123,7 @@ def langgraph_workflows(url: str, count: int) -> dict[str, Any]:
         from langgraph.checkpoint.postgres import PostgresSaver
         from langgraph.graph import END, START, StateGraph
     except ImportError as exc:
-        raise Skipped(f"langgraph is not installed ({exc.name}); pip install 'agenttx[bench]'")
+        raise Skipped(f"langgraph is not installed ({exc.name}); pip install 'agenttx[bench]'") from None
     starts: list[float] = []
 
     def node(i: int) -> Any:
@@ -167,7 +167,7 @@ def dbos_workflows(url: str, count: int) -> dict[str, Any]:
     try:
         from dbos import DBOS
     except ImportError as exc:
-        raise Skipped(f"dbos is not installed ({exc.name}); pip install 'agenttx[bench]'")
+        raise Skipped(f"dbos is not installed ({exc.name}); pip install 'agenttx[bench]'") from None
     starts: list[float] = []
     DBOS(config={"name": "agenttx-bench-peers", "system_database_url": url,
                  "run_admin_server": False, "log_level": "WARNING"})
