@@ -170,7 +170,7 @@ def dbos_workflows(url: str, count: int) -> dict[str, Any]:
         raise Skipped(f"dbos is not installed ({exc.name}); pip install 'agenttx[bench]'") from None
     starts: list[float] = []
     DBOS(config={"name": "agenttx-bench-peers", "system_database_url": url,
-                 "run_admin_server": False, "log_level": "WARNING"})
+                 "log_level": "WARNING"})
 
     @DBOS.step()
     def write(i: int) -> int:
