@@ -21,17 +21,19 @@ RUN python -m venv /opt/agenttx \
  && /opt/agenttx/bin/pip install --upgrade pip setuptools wheel
 WORKDIR /src
 # Dependencies first (a layer that survives source edits): read them from both
-# pyprojects (the service's own pin on agenttx-client is satisfied from client/ below).
+# pyprojects (the service's own pin on agenttx-client is satisfied from client/ below),
+# plus the client's [console] extra: the chart runs `agenttx console` from this image.
 COPY pyproject.toml README.md ./
 COPY client/pyproject.toml client/README.md ./client/
-RUN python -c "import tomllib; deps = [d for f in ('pyproject.toml', 'client/pyproject.toml') for d in tomllib.load(open(f, 'rb'))['project']['dependencies'] if not d.startswith('agenttx')]; print('\n'.join(deps))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; docs = [tomllib.load(open(f, 'rb'))['project'] for f in ('pyproject.toml', 'client/pyproject.toml')]; deps = [d for p in docs for d in p['dependencies'] if not d.startswith('agenttx')] + docs[1]['optional-dependencies']['console']; print('\n'.join(deps))" > /tmp/requirements.txt \
  && /opt/agenttx/bin/pip install -r /tmp/requirements.txt
 COPY client ./client
 COPY service ./service
 COPY operator ./operator
 COPY bench ./bench
 RUN /opt/agenttx/bin/pip install --no-deps ./client . \
- && /opt/agenttx/bin/agenttx serve --help > /dev/null
+ && /opt/agenttx/bin/agenttx serve --help > /dev/null \
+ && /opt/agenttx/bin/python -c "import jinja2, starlette, uvicorn"
 
 # ---- runtime base: slim Python, the venv, an unprivileged user ----------------------
 FROM python:${PYTHON_VERSION}-slim AS runtime-base

@@ -1,6 +1,6 @@
 # AgentTx developer targets. `make serve` and `make test` are the README's two set-up
 # commands; both create .venv on first use (scripts/bootstrap.sh).
-.PHONY: venv serve test unit integration lint proto proto-check bench bench-outcomes e2e chart-crds clean
+.PHONY: venv serve test unit integration lint proto proto-check config-docs dist bench bench-outcomes e2e chart-crds clean
 
 venv:
 	@scripts/bootstrap.sh
@@ -10,6 +10,7 @@ serve: venv
 
 test: venv
 	.venv/bin/python scripts/gen_proto.py --check
+	.venv/bin/python scripts/gen_config_docs.py --check
 	.venv/bin/ruff check .
 	.venv/bin/mypy client/agenttx service/agenttx operator/agenttx_operator bench/agenttx_bench
 	.venv/bin/lint-imports --no-cache
@@ -32,6 +33,20 @@ proto: venv
 proto-check: venv
 	.venv/bin/python scripts/gen_proto.py --check
 
+# docs/configuration.md from the settings models (`make test` fails when it is stale).
+config-docs: venv
+	.venv/bin/python scripts/gen_config_docs.py
+
+# Both wheels into $(DIST): agenttx-client (client/: the client, the MCP server, the CLI
+# for people) and agenttx (the service, the operator and the benchmarks; it depends on
+# the client). build/ is cleared first: setuptools would ship a module deleted since the
+# last build. tests/integration/test_distributions.py installs each into a fresh venv.
+DIST ?= dist
+dist: venv
+	rm -rf build client/build
+	.venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir $(DIST) ./client .
+	@ls -1 $(DIST)/*.whl
+
 bench: venv
 	.venv/bin/agenttx bench
 
@@ -45,9 +60,9 @@ bench-outcomes: venv
 e2e: venv
 	AGENTTX_E2E=1 .venv/bin/python -m pytest -q tests/e2e
 
-# Copy the CRD source into the chart (a test fails when the two differ).
+# Copy the CRD sources into the chart (a test fails when they differ).
 chart-crds:
-	cp crds/agenttxpolicies.agenttx.io.yaml charts/agenttx/files/crds/
+	cp crds/agenttxpolicies.agenttx.io.yaml crds/agenttxtoolsets.agenttx.io.yaml charts/agenttx/files/crds/
 
 clean:
-	rm -rf .venv .agenttx .pytest_cache .ruff_cache .mypy_cache
+	rm -rf .venv .agenttx .pytest_cache .ruff_cache .mypy_cache build client/build dist

@@ -2,14 +2,16 @@
 
     .venv/bin/python examples/quickstart.py [--target 127.0.0.1:50051]
 
-It begins a transaction, runs a few tool steps (one of which fails and is rolled back
-with a hint), commits, and prints every response as a user would see it. It uses the
-Python client, `agenttx.client`; see docs/client.md.
+It begins a transaction, runs a few tool steps (one of which fails, and is retried as
+its hint says), commits, and prints every answer as a user would see it. Every run uses
+fresh ids, so it can be run any number of times. It uses the Python client,
+`agenttx.client`; see docs/client.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import uuid
 
 from agenttx.client import Client, StepResult
 
@@ -23,26 +25,37 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", default="127.0.0.1:50051")
     target = parser.parse_args().target
+    run = uuid.uuid4().hex[:6]          # fresh ids: the quickstart can run again and again
+    customer, order = f"ada-{run}", f"o-{run}"
 
     with Client(target) as client, client.transaction(agent_id="quickstart") as tx:
         print(f"begin    -> transaction {tx.id}, next step {tx.next_step_id}")
-        show(tx.step("record.insert", {"table": "customers", "id": 1, "fields": {"name": "Ada"}},
+        show(tx.step("record.insert", {"table": "customers", "id": customer,
+                                       "fields": {"name": "Ada"}},
                      context="created the customer"))
-        show(tx.step("record.insert", {"table": "orders", "id": "o-1",
-                                       "fields": {"customer_id": 2, "total": 42},
+        # A slip: the order names a customer that does not exist. The step fails, nothing
+        # of it applies, and the hint says exactly what is wrong.
+        show(tx.step("record.insert", {"table": "orders", "id": order,
+                                       "fields": {"customer_id": "ada", "total": 42},
                                        "references": {"customer_id": "customers"}}))
-        # The hint said customer 2 does not exist; the agent retries the step, changed.
-        show(tx.step("record.insert", {"table": "orders", "id": "o-1",
+        # The agent reads the hint and retries the step, changed: it references step 1's
+        # output instead of guessing the id.
+        show(tx.step("record.insert", {"table": "orders", "id": order,
                                        "fields": {"customer_id": "${steps.1.id}", "total": 42},
                                        "references": {"customer_id": "customers"}},
-                     context="order for customer 1"))
-        show(tx.step("fs.write", {"path": "receipts/o-1.txt", "contents": "order o-1: 42"}))
+                     context="order for the customer of step 1"))
+        show(tx.step("fs.write", {"path": f"receipts/{order}.txt",
+                                  "contents": f"order {order}: 42"}))
         show(tx.step("effect.stage", {"channel": "log",
-                                      "payload": {"event": "order placed", "id": "o-1"}}))
+                                      "payload": {"event": "order placed", "id": order}}))
 
         state = tx.get()
         print(f"get      -> next step {state.next_step_id}, constraints {list(state.constraints)}")
-        done = tx.commit()  # explicit, to print it; leaving the block would commit too
+        # Commit explicitly. A step in this block failed; this code recovered from it (the
+        # retry above), and says so by committing. Leaving the block without tx.commit()
+        # would roll everything back and raise StepFailed, so that work whose author never
+        # looked at a failure is never committed.
+        done = tx.commit()
         print(f"commit   -> committed={done.committed} steps={done.steps_committed} "
               f"effects_dispatched={done.effects_dispatched}")
 

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The console's browser tests need Debian's chromium (installed as root or in CI only).
+scripts/chromium.sh
 stamp=.venv/.agenttx-installed
 want=$( (cat pyproject.toml client/pyproject.toml; \
          cat examples/agenttx-example-tools/pyproject.toml 2>/dev/null || true) \

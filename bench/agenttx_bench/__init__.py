@@ -23,9 +23,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=perf.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     perf.configure(parser)
     parser.set_defaults(func=perf.run)
-    sub = parser.add_subparsers(dest="bench_command", metavar="{outcomes}")
+    sub = parser.add_subparsers(dest="bench_command", metavar="{outcomes,toolsets}")
     outcomes = sub.add_parser(
         "outcomes", help="agent outcomes with and without AgentTx under seeded faults",
         description=outcomes_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     outcomes_cli.configure(outcomes)
     outcomes.set_defaults(func=outcomes_cli.run)
+    from . import toolsets
+    toolsets_parser = sub.add_parser(
+        "toolsets", help="a toolset step's cost beyond its MCP call (docs/toolsets.md)",
+        description=toolsets.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    toolsets.configure(toolsets_parser)
+    toolsets_parser.set_defaults(func=toolsets.run)

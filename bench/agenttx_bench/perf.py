@@ -5,7 +5,8 @@ Absolute timings drift on a shared machine, so every figure is put next to two
 baselines measured in the same process against the same etcd, moments apart:
 
 * `cas`: one raw etcd compare-and-swap (a Txn comparing a key's mod_revision and
-  putting it) from Python through the project's etcd client;
+  putting it) from Python through `aetcd`'s gRPC stubs, nothing of AgentTx in between
+  (a benchmark is a user, not a part: docs/benchmarks.md);
 * `empty_grpc`: one empty gRPC call (grpc.health.v1 Check) into a grpc.aio server in
   its own process, through the same client library the benchmark uses for AgentTx.
 
@@ -88,37 +89,52 @@ def progress(text: str, enabled: bool) -> None:
 
 # ---- baselines ---------------------------------------------------------------------------
 
+async def _cas(kv: Any, key: bytes, revision: int, value: bytes) -> int:
+    """One compare-and-swap: put `value` if `key`'s mod_revision is still `revision`;
+    the revision it wrote. Raw `etcdserverpb` Txn through aetcd's stub: aetcd's own
+    `transaction()` drops the response header, and with it the revision."""
+    from aetcd import rpc
+
+    resp = await kv.Txn(rpc.TxnRequest(
+        compare=[rpc.Compare(key=key, result=rpc.Compare.EQUAL, target=rpc.Compare.MOD,
+                             mod_revision=revision)],
+        success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))]), timeout=10)
+    if not resp.succeeded:
+        raise RuntimeError(f"CAS on {key!r} lost: nothing else writes that key")
+    return int(resp.header.revision)
+
+
 def measure_cas(endpoint: str, n: int, concurrency: int, seconds: float) -> dict[str, Any]:
     """Raw etcd CAS from Python: sequential latency, then throughput with `concurrency`
-    clients, through agenttx.store.client (the gateway the service itself uses)."""
-    from agenttx.store.client import cmp_mod, connect, op_put
+    clients sharing one connection, through `aetcd` directly."""
+    import aetcd
+
+    host, _, port = endpoint.split("://", 1)[-1].rstrip("/").rpartition(":")
 
     async def run() -> dict[str, Any]:
-        store = connect([endpoint])
-        key = f"/agenttx-bench-cas/{uuid.uuid4().hex}".encode()
-        rev = await store.put(key, b"0")
-        times: list[float] = []
-        for i in range(n):
-            t0 = time.perf_counter()
-            res = await store.txn([cmp_mod(key, rev)], [op_put(key, str(i).encode())])
-            times.append((time.perf_counter() - t0) * 1000)
-            rev = res.revision
-        done = 0
-        stop_at = time.perf_counter() + seconds
+        async with aetcd.Client(host, int(port), timeout=10) as etcd:
+            kv = etcd.kvstub
+            key = f"/agenttx-bench-cas/{uuid.uuid4().hex}".encode()
+            rev = (await etcd.put(key, b"0")).header.revision
+            times: list[float] = []
+            for i in range(n):
+                t0 = time.perf_counter()
+                rev = await _cas(kv, key, rev, str(i).encode())
+                times.append((time.perf_counter() - t0) * 1000)
+            done = 0
+            stop_at = time.perf_counter() + seconds
 
-        async def client(c: int) -> None:
-            nonlocal done
-            k = key + f"/{c}".encode()
-            r = await store.put(k, b"0")
-            while time.perf_counter() < stop_at:
-                res = await store.txn([cmp_mod(k, r)], [op_put(k, b"x")])
-                r = res.revision
-                done += 1
+            async def client(c: int) -> None:
+                nonlocal done
+                k = key + f"/{c}".encode()
+                r = (await etcd.put(k, b"0")).header.revision
+                while time.perf_counter() < stop_at:
+                    r = await _cas(kv, k, r, b"x")
+                    done += 1
 
-        started = time.perf_counter()
-        await asyncio.gather(*(client(c) for c in range(concurrency)))
-        elapsed = time.perf_counter() - started
-        await store.close()
+            started = time.perf_counter()
+            await asyncio.gather(*(client(c) for c in range(concurrency)))
+            elapsed = time.perf_counter() - started
         return {"latency_ms": summary(times), "concurrency": concurrency,
                 "per_s": round(done / elapsed, 1)}
 
@@ -288,7 +304,7 @@ def long_transaction(stub: Any, steps: int, show: bool) -> dict[str, Any]:
     commits_small = [run(10)[1] for _ in range(7)]
     step_ms, commit_long = run(steps)
     # the same 10-key write set reached through `steps` steps: commit is linear in the
-    # write set, not in the steps (SPEC §2)
+    # write set, not in the steps (docs/benchmarks.md)
     same_keys = [run(steps, keys=10)[1] for _ in range(3)]
     buckets: dict[str, dict[str, float]] = {}
     edges = list(range(0, steps, 10))

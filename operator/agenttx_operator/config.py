@@ -1,7 +1,8 @@
 """`agenttx operator` settings: flags or env (`AGENTTX_OPERATOR_<FIELD>`), flags win.
 
-Why pydantic-settings: the service's settings work the same way (SPEC §7), so the Helm
-chart configures both processes with plain env vars, and every field is documented once.
+Why pydantic-settings: the service's settings work the same way, so the Helm chart
+configures both processes with plain env vars, and every field is documented once
+(docs/configuration.md is generated from these descriptions).
 Lists (`etcd_endpoints`, `namespaces`) are comma-separated in env and flags alike.
 """
 
@@ -64,6 +65,11 @@ class OperatorConfig(BaseSettings):
     sandbox_mount_root: str = Field(
         "/sandboxes", description="Sandboxes mount at <root>/<policy ns>/<policy name>."
     )
+    toolset_mount_root: str = Field(
+        "/etc/agenttx/toolsets",
+        description="Toolsets' header values are projected read-only into the service "
+        "container at <root>/<toolset ns>/<toolset name>/<secret>/<key>.",
+    )
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Namespaces whose policies are served, comma-separated (empty: all).",
@@ -87,6 +93,20 @@ class OperatorConfig(BaseSettings):
     volume_poll_s: float = Field(
         5.0, gt=0, description="How often a VolumePending policy is re-checked."
     )
+    upstream_retry_base_s: float = Field(
+        2.0, gt=0,
+        description="First retry delay of a toolset whose upstream does not answer "
+        "tools/list, lacks a tool, or whose header Secret is missing (doubles).",
+    )
+    upstream_retry_max_s: float = Field(
+        60.0, gt=0, description="Longest retry delay of such a toolset."
+    )
+    toolset_resync_s: float = Field(
+        60.0, gt=0,
+        description="How often every toolset is checked again without a change to it: its "
+        "header Secrets re-copied (a rotated value reaches the service pods), its upstream "
+        "asked for tools/list, its prefix checked (Ready reports what changed).",
+    )
     sweep_interval_s: float = Field(
         300.0, gt=0, description="How often orphaned published policies are swept."
     )
@@ -94,7 +114,7 @@ class OperatorConfig(BaseSettings):
         True,
         description="Publish the cluster's service-account issuer and keys (from the API "
         "server's /.well-known/openid-configuration and /openid/v1/jwks) to "
-        "<prefix>/auth/jwks, for the service's `--auth kubernetes` (SPEC §9).",
+        "<prefix>/auth/jwks, for the service's `--auth kubernetes` (docs/security.md).",
     )
     jwks_refresh_s: float = Field(
         300.0, gt=0,

@@ -1,6 +1,9 @@
-"""kopf handlers for AgentTxPolicy: thin wiring over `reconcile`, `kube` and `publishing`.
+"""kopf handlers for AgentTxPolicy: thin wiring over the pure modules (`policy_spec`,
+`sandboxes`, `mounts`, `conditions`, `lifecycle`), `kube` and `publishing`; and what
+the operator runs once (login, startup, cleanup, the orphan sweep of policies and
+toolsets). AgentTxToolset's handlers are in `toolset_handlers`.
 
-Each handler fetches what it needs, asks `reconcile` what to do, does it, then writes
+Each handler fetches what it needs, asks the pure modules what to do, does it, then writes
 the status (through kopf's `patch`, applied even when the handler raises) before it
 raises: `kopf.PermanentError` for an invalid spec, `kopf.TemporaryError(delay=...)`
 for anything that will pass (etcd down, a volume still binding, an API conflict).
@@ -13,7 +16,7 @@ Ordering, so a transaction never sees a sandbox path that is not there:
 
 Operator-wide background tasks (started at startup, cancelled at cleanup; kopf would
 cancel them as "hung" at exit anyway, so they only ever stop by cancellation):
-  orphan sweep:         every `sweep_interval_s`, see below.
+  orphan sweep:         every `sweep_interval_s`, see below (toolsets' keys too).
   issuer keys:          every `jwks_refresh_s` (`jwks_publish`), read the API server's
                         service-account issuer discovery and keys with the operator's
                         own credentials and publish them for the service (SPEC §9).
@@ -35,7 +38,6 @@ server other than through `publishing` and `kube`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 from dataclasses import dataclass, field
@@ -47,12 +49,13 @@ import kopf
 from agenttx.contracts.layout import Keys
 from agenttx.errors import StoreError
 from agenttx.store.client import Store
+from agenttx.tasks import BackgroundTasks
 
-from . import jwks, publishing, reconcile
+from . import conditions, jwks, lifecycle, mounts, policy_spec, publishing, sandboxes
 from .config import OperatorConfig
 from .kube import KubeClient, KubeError
 
-RESOURCE = (reconcile.GROUP, reconcile.VERSION, reconcile.PLURAL)
+RESOURCE = (policy_spec.GROUP, policy_spec.VERSION, policy_spec.PLURAL)
 FINALIZER = "agenttx.io/finalizer"
 ANNOTATION_PREFIX = "agenttx.io"
 
@@ -70,11 +73,12 @@ class Runtime:
     handed to kopf as `memo.runtime`."""
 
     config: OperatorConfig
-    target: reconcile.Target
+    target: sandboxes.Target
     store: Store
     kube: KubeClient
     keys: Keys = field(init=False, repr=False)
-    background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
+    background: BackgroundTasks = field(
+        default_factory=lambda: BackgroundTasks("operator"), repr=False)
 
     def __post_init__(self) -> None:
         self.keys = operator_keys(self.config)
@@ -85,11 +89,11 @@ def _now() -> str:
 
 
 def _claim_ref(rt: Runtime, namespace: str, name: str) -> str:
-    return f"{rt.target.service_namespace}/{reconcile.claim_name(namespace, name)}"
+    return f"{rt.target.service_namespace}/{sandboxes.claim_name(namespace, name)}"
 
 
 def _old_reason(status: Any) -> str | None:
-    cond = reconcile.find_condition(status, reconcile.CONDITION_READY)
+    cond = conditions.find_condition(status, conditions.CONDITION_READY)
     return None if cond is None else cond.get("reason")
 
 
@@ -101,14 +105,14 @@ def _write_status(
     reason: str,
     message: str,
     claim: str | None,
-    claim_sync: reconcile.ClaimSync | None | reconcile.Keep = reconcile.KEEP,
+    claim_sync: conditions.ClaimSync | None | conditions.Keep = conditions.KEEP,
 ) -> None:
     """Put the status change into kopf's patch (only the fields that differ)."""
-    new = reconcile.build_status(
+    new = conditions.build_status(
         dict(status or {}), generation=generation, reason=reason, message=message,
         sandbox_claim=claim, now=_now(), claim_sync=claim_sync,
     )
-    for key, value in (reconcile.status_patch(dict(status or {}), new) or {}).items():
+    for key, value in (conditions.status_patch(dict(status or {}), new) or {}).items():
         patch.status[key] = value
 
 
@@ -149,18 +153,16 @@ async def agenttx_startup(
     settings.scanning.disabled = True
     if not await rt.kube.policy_resource_served():
         raise kopf.PermanentError(
-            f"the API server does not serve {reconcile.PLURAL}.{reconcile.GROUP}/"
-            f"{reconcile.VERSION}: install the CRD (crds/) first"
+            f"the API server does not serve {policy_spec.PLURAL}.{policy_spec.GROUP}/"
+            f"{policy_spec.VERSION}: install the CRD (crds/) first"
         )
-    rt.background.append(
-        asyncio.create_task(_sweep_forever(rt), name="agenttx-orphan-sweep"))
+    rt.background.start(_sweep_forever(rt), name="agenttx-orphan-sweep")
     if rt.config.jwks_publish:
-        rt.background.append(
-            asyncio.create_task(_jwks_forever(rt), name="agenttx-jwks-refresh"))
+        rt.background.start(_jwks_forever(rt), name="agenttx-jwks-refresh")
     else:
         log.info("not publishing the service-account issuer keys (jwks_publish is off)")
     logger.info(
-        "serving AgentTxPolicies in %s; sandboxes go to %s/%s",
+        "serving AgentTxPolicies and AgentTxToolsets in %s; sandboxes and header files go to %s/%s",
         ", ".join(rt.config.namespaces) or "all namespaces",
         rt.target.service_namespace, rt.target.deployment,
     )
@@ -169,12 +171,7 @@ async def agenttx_startup(
 @kopf.on.cleanup()
 async def agenttx_cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
-    tasks, rt.background = rt.background, []
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await rt.background.stop()
 
 
 async def sweep_once(rt: Runtime) -> list[bytes]:
@@ -185,12 +182,23 @@ async def sweep_once(rt: Runtime) -> list[bytes]:
     return await publishing.sweep_orphans(rt.store, rt.keys, published, existing, namespaces)
 
 
+async def sweep_toolsets_once(rt: Runtime) -> list[bytes]:
+    """Unpublish the keys of toolsets that no longer exist (same order as `sweep_once`:
+    etcd is read before the toolsets are listed)."""
+    namespaces = rt.config.namespaces or None
+    published = await publishing.read_published_toolsets(rt.store, rt.keys)
+    existing = await rt.kube.list_toolsets(namespaces)
+    return await publishing.sweep_orphaned_toolsets(rt.store, rt.keys, published, existing,
+                                                    namespaces)
+
+
 async def _sweep_forever(rt: Runtime) -> None:
     while True:
-        try:
-            await sweep_once(rt)
-        except (StoreError, KubeError, OSError) as exc:
-            log.warning("orphan sweep skipped: %s", exc)
+        for sweep in (sweep_once, sweep_toolsets_once):
+            try:
+                await sweep(rt)
+            except (StoreError, KubeError, OSError) as exc:
+                log.warning("orphan sweep skipped: %s", exc)
         await asyncio.sleep(rt.config.sweep_interval_s)
 
 
@@ -233,7 +241,7 @@ async def _jwks_forever(rt: Runtime) -> None:
             await refresh_jwks(rt)
             failures, delay = 0, rt.config.jwks_refresh_s
         except Exception as exc:
-            delay = min(rt.config.jwks_refresh_s, reconcile.retry_delay(
+            delay = min(rt.config.jwks_refresh_s, lifecycle.retry_delay(
                 failures, rt.config.etcd_retry_base_s, rt.config.etcd_retry_max_s))
             failures += 1
             where = rt.keys.auth_jwks().decode()
@@ -282,34 +290,34 @@ async def _reconcile(
     spec_d = dict(spec)
     generation = int(meta.get("generation") or 0)
 
-    errors = reconcile.validate_spec(spec_d)
+    errors = policy_spec.validate_spec(spec_d)
     if errors:
         message = "; ".join(errors)
-        _write_status(patch, status, generation=generation, reason=reconcile.REASON_INVALID_SPEC,
+        _write_status(patch, status, generation=generation, reason=conditions.REASON_INVALID_SPEC,
                       message=message, claim=status.get("sandboxClaim") or None)
-        _warn_once(body, status, reconcile.REASON_INVALID_SPEC, message)
+        _warn_once(body, status, conditions.REASON_INVALID_SPEC, message)
         # Whatever was published for an earlier, valid generation stays: a typo must not
         # silently switch agents back to the server defaults.
         raise kopf.PermanentError(f"invalid spec: {message}")
 
-    policy = reconcile.normalise(
+    policy = policy_spec.normalise(
         namespace, name, generation, spec_d, mount_root=rt.target.mount_root
     )
     claim: str | None = None
     # No sandbox: the claim condition goes. Unknown (the claim could not be read): kept.
-    sync: reconcile.ClaimSync | None | reconcile.Keep = None
+    sync: conditions.ClaimSync | None | conditions.Keep = None
     if "sandbox" in spec_d:
         claim = _claim_ref(rt, namespace, name)
-        sync = reconcile.KEEP
+        sync = conditions.KEEP
         try:
             ready, why, sync = await _ensure_sandbox(rt, body, namespace, name, spec_d["sandbox"])
-        except (KubeError, reconcile.ContainerNotFound) as exc:
+        except (KubeError, mounts.ContainerNotFound) as exc:
             ready, why = False, str(exc)
-        if isinstance(sync, reconcile.ClaimSync):
+        if isinstance(sync, conditions.ClaimSync):
             _warn_claim_sync(body, status, sync)
         if not ready:
             _write_status(patch, status, generation=generation,
-                          reason=reconcile.REASON_VOLUME_PENDING, message=why, claim=claim,
+                          reason=conditions.REASON_VOLUME_PENDING, message=why, claim=claim,
                           claim_sync=sync)
             raise kopf.TemporaryError(why, delay=rt.config.volume_poll_s)
 
@@ -319,12 +327,12 @@ async def _reconcile(
     except StoreError as exc:
         message = f"cannot publish to etcd (will retry): {exc}"
         _write_status(patch, status, generation=generation,
-                      reason=reconcile.REASON_ETCD_UNAVAILABLE, message=message, claim=claim,
+                      reason=conditions.REASON_ETCD_UNAVAILABLE, message=message, claim=claim,
                       claim_sync=sync)
-        _warn_once(body, status, reconcile.REASON_ETCD_UNAVAILABLE, message)
+        _warn_once(body, status, conditions.REASON_ETCD_UNAVAILABLE, message)
         raise kopf.TemporaryError(
             message,
-            delay=reconcile.retry_delay(retry, rt.config.etcd_retry_base_s,
+            delay=lifecycle.retry_delay(retry, rt.config.etcd_retry_base_s,
                                         rt.config.etcd_retry_max_s),
         ) from exc
 
@@ -332,32 +340,32 @@ async def _reconcile(
         # Published without a sandbox first, so nothing resolves to a path being removed.
         try:
             await _remove_sandbox(rt, body, namespace, name, delete_claim=None)
-        except (KubeError, reconcile.ContainerNotFound) as exc:
+        except (KubeError, mounts.ContainerNotFound) as exc:
             raise kopf.TemporaryError(f"cannot remove the old sandbox: {exc}",
                                       delay=rt.config.volume_poll_s) from exc
 
-    _write_status(patch, status, generation=generation, reason=reconcile.REASON_PUBLISHED,
+    _write_status(patch, status, generation=generation, reason=conditions.REASON_PUBLISHED,
                   message=f"generation {generation} published at {key}", claim=claim,
                   claim_sync=sync)
     if written:
-        kopf.info(body, reason=reconcile.REASON_PUBLISHED,
+        kopf.info(body, reason=conditions.REASON_PUBLISHED,
                   message=f"generation {generation} published at {key}")
     logger.debug("policy %s/%s reconciled (written=%s)", namespace, name, written)
 
 
-def _warn_claim_sync(body: kopf.Body, status: Any, sync: reconcile.ClaimSync) -> None:
+def _warn_claim_sync(body: kopf.Body, status: Any, sync: conditions.ClaimSync) -> None:
     """A Warning event when the cluster refuses a resize, once per distinct refusal (not
     on every reconcile while the condition stays the same)."""
-    if sync.reason != reconcile.REASON_RESIZE_REFUSED:
+    if sync.reason != conditions.REASON_RESIZE_REFUSED:
         return
-    old = reconcile.find_condition(status, reconcile.CONDITION_CLAIM_SYNCED) or {}
+    old = conditions.find_condition(status, conditions.CONDITION_CLAIM_SYNCED) or {}
     if (old.get("reason"), old.get("message")) != (sync.reason, sync.message):
         kopf.warn(body, reason="SandboxResizeRefused", message=sync.message)
 
 
 async def _ensure_sandbox(
     rt: Runtime, body: kopf.Body, namespace: str, name: str, sandbox: dict[str, Any]
-) -> tuple[bool, str, reconcile.ClaimSync]:
+) -> tuple[bool, str, conditions.ClaimSync]:
     """Claim exists and matches, Deployment mounts it; then whether it is usable, and
     whether the claim is what the spec asks for.
 
@@ -366,7 +374,7 @@ async def _ensure_sandbox(
     current size, so it must not keep the rest of the spec from being published.
     """
     svc_ns = rt.target.service_namespace
-    desired = reconcile.build_pvc(namespace, name, sandbox, rt.target)
+    desired = sandboxes.build_pvc(namespace, name, sandbox, rt.target)
     pvc_name = desired["metadata"]["name"]
     pvc = await rt.kube.get_pvc(svc_ns, pvc_name)
     problems: tuple[str, ...] = ()
@@ -380,7 +388,7 @@ async def _ensure_sandbox(
             pvc = await rt.kube.get_pvc(svc_ns, pvc_name)
         kopf.info(body, reason="SandboxClaimCreated", message=f"claim {svc_ns}/{pvc_name}")
     else:
-        plan = reconcile.plan_claim(pvc, desired)
+        plan = sandboxes.plan_claim(pvc, desired)
         problems = plan.problems
         if plan.patch:
             pvc = await rt.kube.patch_pvc(svc_ns, pvc_name, plan.patch)
@@ -388,24 +396,24 @@ async def _ensure_sandbox(
             try:
                 pvc = await rt.kube.patch_pvc(svc_ns, pvc_name, plan.resize)
             except KubeError as exc:
-                if exc.status not in reconcile.RESIZE_REFUSED_STATUSES:
+                if exc.status not in sandboxes.RESIZE_REFUSED_STATUSES:
                     raise
                 refused = (exc.status, exc.message)
         for problem in plan.problems:
             kopf.warn(body, reason="SandboxClaimDrift", message=problem)
-    sync = reconcile.claim_sync(pvc, desired, problems=problems, refused=refused)
+    sync = sandboxes.claim_sync(pvc, desired, problems=problems, refused=refused)
 
     deployment = await rt.kube.get_deployment(svc_ns, rt.target.deployment)
     if deployment is None:
         return (False, f"the service Deployment {svc_ns}/{rt.target.deployment} does not exist",
                 sync)
-    ops = reconcile.deployment_patch(deployment, namespace, name, rt.target, mounted=True)
+    ops = mounts.deployment_patch(deployment, namespace, name, rt.target, mounted=True)
     if ops:
         deployment = await rt.kube.json_patch_deployment(svc_ns, rt.target.deployment, ops)
         kopf.info(body, reason="SandboxMounted", message=(
-            f"mounted at {reconcile.sandbox_path(namespace, name, rt.target.mount_root)} in "
+            f"mounted at {sandboxes.sandbox_path(namespace, name, rt.target.mount_root)} in "
             f"{svc_ns}/{rt.target.deployment}"))
-    ready, why = reconcile.volume_ready(pvc, deployment)
+    ready, why = mounts.volume_ready(pvc, deployment)
     return ready, why, sync
 
 
@@ -416,17 +424,17 @@ async def _remove_sandbox(
     svc_ns = rt.target.service_namespace
     deployment = await rt.kube.get_deployment(svc_ns, rt.target.deployment)
     if deployment is not None:
-        ops = reconcile.deployment_patch(deployment, namespace, name, rt.target, mounted=False)
+        ops = mounts.deployment_patch(deployment, namespace, name, rt.target, mounted=False)
         if ops:
             await rt.kube.json_patch_deployment(svc_ns, rt.target.deployment, ops)
             kopf.info(body, reason="SandboxUnmounted",
                       message=f"unmounted from {svc_ns}/{rt.target.deployment}")
-    pvc_name = reconcile.claim_name(namespace, name)
+    pvc_name = sandboxes.claim_name(namespace, name)
     pvc = await rt.kube.get_pvc(svc_ns, pvc_name)
     if pvc is None:
         return
     if delete_claim is None:
-        delete_claim = not reconcile.claim_retained(pvc)
+        delete_claim = not sandboxes.claim_retained(pvc)
     if delete_claim:
         await rt.kube.delete_pvc(svc_ns, pvc_name)
         kopf.info(body, reason="SandboxClaimDeleted", message=f"claim {svc_ns}/{pvc_name}")
@@ -457,9 +465,9 @@ async def _finalize(
     **_: Any,
 ) -> None:
     rt: Runtime = memo.runtime
-    actions = reconcile.delete_actions(dict(spec))
+    actions = lifecycle.delete_actions(dict(spec))
     last_attempt = retry + 1 >= rt.config.delete_etcd_attempts
-    delay = reconcile.retry_delay(retry, rt.config.etcd_retry_base_s, rt.config.etcd_retry_max_s)
+    delay = lifecycle.retry_delay(retry, rt.config.etcd_retry_base_s, rt.config.etcd_retry_max_s)
     generation = int(meta.get("generation") or 0)
     claim = status.get("sandboxClaim") or None
     key = rt.keys.policy(namespace, name).decode()
@@ -471,11 +479,11 @@ async def _finalize(
             message = f"cannot unpublish {key}: {exc}"
             if not last_attempt:
                 _write_status(patch, status, generation=generation,
-                              reason=reconcile.REASON_ETCD_UNAVAILABLE,
+                              reason=conditions.REASON_ETCD_UNAVAILABLE,
                               message=message + " (will retry)", claim=claim)
-                _warn_once(body, status, reconcile.REASON_ETCD_UNAVAILABLE, message)
+                _warn_once(body, status, conditions.REASON_ETCD_UNAVAILABLE, message)
                 raise kopf.TemporaryError(message, delay=delay) from exc
-            kopf.warn(body, reason=reconcile.REASON_ETCD_UNAVAILABLE, message=(
+            kopf.warn(body, reason=conditions.REASON_ETCD_UNAVAILABLE, message=(
                 f"{message}; gave up after {retry + 1} attempts and released the finalizer; "
                 "the orphan sweep removes the key once etcd is reachable"))
             logger.warning("released %s/%s with %s still published", namespace, name, key)
@@ -483,7 +491,7 @@ async def _finalize(
     if actions.unmount:
         try:
             await _remove_sandbox(rt, body, namespace, name, delete_claim=actions.delete_claim)
-        except (KubeError, reconcile.ContainerNotFound) as exc:
+        except (KubeError, mounts.ContainerNotFound) as exc:
             if not last_attempt:
                 raise kopf.TemporaryError(f"cannot remove the sandbox: {exc}",
                                           delay=delay) from exc

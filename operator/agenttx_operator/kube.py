@@ -2,13 +2,13 @@
 
 Why not the `kubernetes` client's generated APIs: they are synchronous (every call would
 block kopf's event loop or need a thread) and turn objects into models, while the
-reconcile functions work on plain dicts and need exact control of the patch content
+pure decision modules work on plain dicts and need exact control of the patch content
 type (RFC 6902 JSON patch for the Deployment, merge patch for claims). We still use
 the `kubernetes` package to *load* credentials (in-cluster service account or
 kubeconfig, exec plugins included), exactly as kopf's own `login_via_client` does, and
 hand kopf the same credentials through a login handler: one identity for both.
 
-What it must never do: decide anything. It fetches and sends what `reconcile` computed,
+What it must never do: decide anything. It fetches and sends what the pure modules computed,
 and reports "not found" as None where the caller treats absence as a state.
 """
 
@@ -26,7 +26,7 @@ from urllib.parse import quote
 import aiohttp
 import kopf
 
-from . import reconcile
+from . import policy_spec, toolset_spec
 
 JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
@@ -262,11 +262,11 @@ class KubeClient:
 
     async def list_policies(self, namespaces: Iterable[str] | None) -> set[tuple[str, str]]:
         """(namespace, name) of every AgentTxPolicy, cluster-wide or in `namespaces`."""
-        base = f"/apis/{reconcile.GROUP}/{reconcile.VERSION}"
+        base = f"/apis/{policy_spec.GROUP}/{policy_spec.VERSION}"
         paths = (
-            [f"{base}/{reconcile.PLURAL}"]
+            [f"{base}/{policy_spec.PLURAL}"]
             if namespaces is None
-            else [f"{base}/namespaces/{quote(ns)}/{reconcile.PLURAL}" for ns in namespaces]
+            else [f"{base}/namespaces/{quote(ns)}/{policy_spec.PLURAL}" for ns in namespaces]
         )
         found: set[tuple[str, str]] = set()
         for path in paths:
@@ -281,8 +281,84 @@ class KubeClient:
     async def policy_resource_served(self) -> bool:
         """Whether the API server serves agenttx.io/v1alpha1 agenttxpolicies (the CRD is
         installed). Discovery needs no RBAC beyond system:discovery."""
-        result = await self._request(
-            "GET", f"/apis/{reconcile.GROUP}/{reconcile.VERSION}", missing_ok=True
-        )
+        return await self.resource_served(policy_spec.GROUP, policy_spec.VERSION,
+                                          policy_spec.PLURAL)
+
+    async def resource_served(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API server serves `plural` in `group/version` (its CRD is
+        installed), by discovery."""
+        result = await self._request("GET", f"/apis/{group}/{version}", missing_ok=True)
         resources = (result or {}).get("resources") or []
-        return any(r.get("name") == reconcile.PLURAL for r in resources)
+        return any(r.get("name") == plural for r in resources)
+
+    # ---- toolsets -----------------------------------------------------------------
+
+    @staticmethod
+    def _toolsets_path(namespace: str | None = None, name: str | None = None) -> str:
+        base = f"/apis/{toolset_spec.GROUP}/{toolset_spec.VERSION}"
+        if namespace is None:
+            return f"{base}/{toolset_spec.PLURAL}"
+        path = f"{base}/namespaces/{quote(namespace)}/{toolset_spec.PLURAL}"
+        return path if name is None else f"{path}/{quote(name)}"
+
+    async def list_toolsets_in(self, namespace: str) -> list[dict[str, Any]]:
+        """Every AgentTxToolset of one namespace (for the prefix check)."""
+        result = await self._request("GET", self._toolsets_path(namespace)) or {}
+        return list(result.get("items") or [])
+
+    async def list_toolsets(self, namespaces: Iterable[str] | None) -> set[tuple[str, str]]:
+        """(namespace, name) of every AgentTxToolset, cluster-wide or in `namespaces`.
+        Raises on any failure: the orphan sweep deletes what is not listed."""
+        paths = ([self._toolsets_path()] if namespaces is None
+                 else [self._toolsets_path(ns) for ns in namespaces])
+        found: set[tuple[str, str]] = set()
+        for path in paths:
+            result = await self._request("GET", path) or {}
+            for item in result.get("items") or []:
+                meta = item.get("metadata", {})
+                found.add((meta.get("namespace", ""), meta.get("name", "")))
+        return found
+
+    async def patch_toolset_status(self, namespace: str, name: str, status: dict[str, Any]
+                                   ) -> None:
+        """Merge-patch a toolset's status subresource (for the periodic re-check, which
+        runs outside kopf's handlers and their patch)."""
+        await self._request(
+            "PATCH", self._toolsets_path(namespace, name) + "/status", body={"status": status},
+            content_type=MERGE_PATCH, params={"fieldManager": FIELD_MANAGER},
+        )
+
+    # ---- Secrets (a toolset's header values) -----------------------------------------
+    # Bodies of these requests and responses hold secret values: they are never logged,
+    # and errors carry the API server's message only (which never echoes Secret data).
+
+    @staticmethod
+    def _secret_path(namespace: str, name: str | None = None) -> str:
+        base = f"/api/v1/namespaces/{quote(namespace)}/secrets"
+        return base if name is None else f"{base}/{quote(name)}"
+
+    async def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._request("GET", self._secret_path(namespace, name), missing_ok=True)
+
+    async def create_secret(self, secret: dict[str, Any]) -> dict[str, Any]:
+        result = await self._request(
+            "POST", self._secret_path(secret["metadata"]["namespace"]), body=secret,
+            params={"fieldManager": FIELD_MANAGER},
+        )
+        assert result is not None
+        return result
+
+    async def patch_secret(self, namespace: str, name: str, patch: dict[str, Any]
+                           ) -> dict[str, Any]:
+        result = await self._request(
+            "PATCH", self._secret_path(namespace, name), body=patch, content_type=MERGE_PATCH,
+            params={"fieldManager": FIELD_MANAGER},
+        )
+        assert result is not None
+        return result
+
+    async def delete_secret(self, namespace: str, name: str) -> bool:
+        """Delete a Secret; False when it was already gone."""
+        result = await self._request("DELETE", self._secret_path(namespace, name),
+                                     missing_ok=True)
+        return result is not None

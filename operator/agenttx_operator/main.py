@@ -19,10 +19,10 @@ from pydantic import ValidationError
 
 from agenttx.store.client import connect
 
-from . import handlers
+from . import handlers, toolset_handlers  # noqa: F401  (registers the toolset handlers)
 from .config import OperatorConfig
 from .kube import Credentials, KubeClient, load_credentials
-from .reconcile import Target
+from .sandboxes import Target
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,13 @@ message, and the earliest match wins. Anchoring first keeps user data that happe
 like another message (a kv key spelled "permission denied") from hijacking the category.
 Nothing matches -> ``internal_error`` with the message's first line.
 
+One exception to "text only": a tool that knows its failure's category for certain (a
+toolset's upstream answered `isError`, or could not be reached: `fdw_error`,
+`fdw_unable_to_establish_connection`, docs/toolsets.md) passes it along
+(`ToolError(category=...)`), and the cleaner then only makes the message a hint: one line,
+at most 200 characters. Parsing that category back out of prose would be guesswork about
+someone else's wording.
+
 This module must never do I/O, never import grpc, etcd or engine code, and never raise:
 any input gives a result whose hint is a single line of at most 200 characters.
 """
@@ -42,7 +49,7 @@ CATEGORIES = frozenset({
     "undefined_file", "invalid_text_representation", "invalid_parameter_value",
     "invalid_name", "undefined_function", "undefined_object", "undefined_column",
     "lock_not_available", "insufficient_privilege", "program_limit_exceeded",
-    "internal_error",
+    "fdw_error", "fdw_unable_to_establish_connection", "internal_error",
 })
 
 EMPTY_MESSAGE_HINT = "The tool failed without a message; retry or change the arguments."
@@ -59,10 +66,17 @@ class CleanedError:
     subject: Mapping[str, str]
 
 
-def clean_error(raw: str, *, known_tools: Iterable[str] = ()) -> CleanedError:
-    """Classify `raw` (any error text) and build the agent-facing hint. Never raises."""
+def clean_error(raw: str, *, known_tools: Iterable[str] = (),
+                category: str | None = None) -> CleanedError:
+    """Classify `raw` (any error text) and build the agent-facing hint. Never raises.
+
+    `category`, when the tool states it (one of CATEGORIES), is kept as is and `raw` only
+    made one line of at most HINT_MAX_CHARS; anything else is classified from the text."""
     try:
         text = _normalize(raw)
+        if category is not None and category in CATEGORIES and category != "internal_error":
+            hint = _shorten(_collapse(text), HINT_MAX_CHARS)
+            return CleanedError(category, hint or EMPTY_MESSAGE_HINT, {})
         if not text:
             return CleanedError("internal_error", EMPTY_MESSAGE_HINT, {})
         return _classify(text, _tool_names(known_tools)) or _internal(text)

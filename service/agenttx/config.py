@@ -1,8 +1,10 @@
 """Settings for `agenttx serve` (pydantic-settings; env prefix AGENTTX_, same names as flags).
 
-Every field is documented because `agenttx serve --help` and docs/configuration.md are
-generated from these descriptions. Nested settings use `__`:
-AGENTTX_DEFAULT_POLICY__MAX_LOCAL_DEPTH=2.
+Every field is documented because `agenttx serve --help` and docs/configuration.md
+(scripts/gen_config_docs.py) are generated from these descriptions; the flags come from
+this model through pydantic-settings' CLI (agenttx.commands). Nested settings use `__` in
+the environment and `.` (or `-`) in flags: AGENTTX_DEFAULT_POLICY__MAX_LOCAL_DEPTH=2 is
+`--default-policy.max-local-depth 2`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,27 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .contracts.policy import DEPTH_MAX, DEPTH_MIN, FACTOR_MAX, FACTOR_MIN
+from . import failpoints
+from .contracts.policy import (
+    APPROVAL_TIMEOUT_DEFAULT_S,
+    DEPTH_MAX,
+    DEPTH_MIN,
+    FACTOR_MAX,
+    FACTOR_MIN,
+    ApprovalSettings,
+    approval_from_spec,
+)
+
+# What needs approval when no AgentTxPolicy says more: nothing (docs/approvals.md).
+DEFAULT_APPROVAL: dict[str, Any] = {"required": [], "approvers": [],
+                                    "timeoutSeconds": APPROVAL_TIMEOUT_DEFAULT_S,
+                                    "notifyChannel": ""}
 
 
 class DefaultPolicy(BaseModel):
-    """Server-wide rollback defaults (SPEC §5), overridden by AgentTxPolicy and requests."""
+    """Server-wide defaults (docs/architecture.md, "Policies"), overridden by AgentTxPolicy
+    and requests; approvals are only ever added to by the layers above
+    (docs/approvals.md)."""
 
     max_local_depth: int = Field(3, ge=DEPTH_MIN, le=DEPTH_MAX,
                                  description="retries of a failing step before escalating")
@@ -28,6 +46,12 @@ class DefaultPolicy(BaseModel):
         2.0, ge=FACTOR_MIN, le=FACTOR_MAX,
         description="undone steps allowed per highest step reached")
 
+    approval: dict[str, Any] = Field(
+        default_factory=lambda: dict(DEFAULT_APPROVAL),
+        description='what needs a person\'s approval before it commits, as JSON: '
+        '{"required": [{"channel": "payments"}, {"tool": "tickets.*"}], "approvers": [], '
+        '"timeoutSeconds": 86400, "notifyChannel": ""} (default: nothing required)')
+
     @field_validator("replay_budget_factor")
     @classmethod
     def _finite(cls, v: float) -> float:
@@ -35,10 +59,22 @@ class DefaultPolicy(BaseModel):
             raise ValueError("must be finite")
         return v
 
+    @field_validator("approval", mode="before")
+    @classmethod
+    def _approval(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = json.loads(v) if v.strip() else {}
+        approval_from_spec(v)  # the one parser (contracts.policy): names the bad field
+        return v
+
+    def approval_settings(self) -> ApprovalSettings:
+        return approval_from_spec(self.approval)
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTTX_", env_nested_delimiter="__",
-                                      extra="ignore")
+                                      extra="ignore", cli_kebab_case=True,
+                                      cli_prog_name="agenttx serve", cli_avoid_json=True)
 
     listen: str = Field("127.0.0.1:50051", description="gRPC listen address host:port")
     etcd_endpoints: str = Field(
@@ -84,11 +120,13 @@ class Settings(BaseSettings):
     grace_period_s: float = Field(20.0, ge=0, description="SIGTERM: time to drain in-flight RPCs")
     log_format: str = Field("json", description="json or text")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
-    failpoints: str = Field("", description="test-only crash points, e.g. fs.write.after_intent=crash")
+    failpoints: str = Field("", description="fault-injection tests only: crash or pause at "
+                            "named points, e.g. fs.write.after_intent=crash "
+                            "(agenttx/failpoints.py lists them); empty = none")
     event_loop: str = Field("uvloop", description="asyncio event loop: uvloop (default, "
                             "when installed) or asyncio")
 
-    # ---- security (SPEC §9) -----------------------------------------------------------
+    # ---- security (docs/security.md) -----------------------------------------------------
     tls_cert_file: str | None = Field(None, description="serve TLS with this certificate "
                                       "chain (PEM); re-read when it changes")
     tls_key_file: str | None = Field(None, description="private key (PEM) of --tls-cert-file")
@@ -116,10 +154,31 @@ class Settings(BaseSettings):
                                       "principal on this replica (0 = unlimited)")
     effect_key_retention_s: int = Field(86400, ge=1, description="how long a delivered "
                                         "idempotency key stays reserved")
+    history_retention_s: int = Field(604800, ge=2, description="how long a transaction's "
+                                     "history (GetTransactionHistory, agenttx tx show) is "
+                                     "kept after it ends; an open transaction's is kept "
+                                     "while it is open")
 
-    # ---- observability (SPEC §10) ---------------------------------------------------------
+    # ---- toolsets (docs/toolsets.md) --------------------------------------------------------
+    toolsets_file: str | None = Field(None, description="YAML/JSON file of toolsets (MCP "
+                                      "servers whose tools join transactions), for use without "
+                                      "Kubernetes; re-read when it changes")
+    toolset_max_connections: int = Field(16, ge=1, le=1024, description="HTTP connections "
+                                         "each toolset's upstream MCP server may get from this "
+                                         "replica")
+    toolsets_refresh_s: float = Field(300.0, gt=0, description="how often each toolset's "
+                                      "upstream tools/list (descriptions, input schemas) is "
+                                      "fetched again")
+
+    # ---- observability (docs/operations.md) ----------------------------------------------
     metrics_listen: str = Field("", description="host:port for Prometheus /metrics "
                                 "(empty = off)")
+
+    @field_validator("failpoints")
+    @classmethod
+    def _failpoints_parse(cls, v: str) -> str:
+        failpoints.parse(v)  # a typo fails at start-up, not silently at the point
+        return v
 
     @field_validator("effect_channels", mode="before")
     @classmethod

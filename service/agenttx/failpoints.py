@@ -1,4 +1,7 @@
-"""Named crash points for fault-injection tests (inert unless AGENTTX_FAILPOINTS is set).
+"""Named crash points for fault-injection tests (inert unless armed).
+
+`agenttx serve` arms them from its `failpoints` setting (`--failpoints` or
+AGENTTX_FAILPOINTS, docs/configuration.md), once, at start-up:
 
     AGENTTX_FAILPOINTS="fs.write.after_intent=crash,commit.after_txn=crash"
 
@@ -11,6 +14,9 @@ a node failure looks like); `sleep(<seconds>)` pauses, to widen race windows. Po
     undo.after_intent        undo intent committed, files not yet restored
     undo.after_restore       files restored, state not yet committed
     commit.after_txn         commit applied in etcd, effects not yet delivered
+    toolset.saga.after_call  a toolset saga call answered, its step not yet recorded
+    approval.before_txn      an approval checked (digest, four eyes), its commit not yet sent
+    approval.after_txn       an approved commit applied in etcd, effects not yet delivered
 """
 
 from __future__ import annotations
@@ -23,18 +29,26 @@ import time
 _SPEC = re.compile(r"^(crash|sleep\((\d+(?:\.\d+)?)\))$")
 
 
-def _parse(text: str) -> dict[str, str]:
+def parse(text: str) -> dict[str, str]:
+    """`name=action,...` as {name: action}; ValueError naming an unknown action."""
     points: dict[str, str] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         name, _, action = item.partition("=")
         action = action.strip() or "crash"
         if not _SPEC.match(action):
-            raise ValueError(f"AGENTTX_FAILPOINTS: unknown action {action!r} for {name!r}")
+            raise ValueError(f"failpoints: unknown action {action!r} for {name!r} "
+                             "(crash or sleep(<seconds>))")
         points[name.strip()] = action
     return points
 
 
-_POINTS = _parse(os.environ.get("AGENTTX_FAILPOINTS", ""))
+_POINTS: dict[str, str] = {}
+
+
+def arm(text: str) -> None:
+    """Arm exactly the points in `text` (empty: none). Raises ValueError when malformed."""
+    global _POINTS
+    _POINTS = parse(text)
 
 
 def hit(name: str) -> None:

@@ -1,41 +1,52 @@
 """One service replica: etcd connection, policy watch, liveness lease, gRPC server.
 
-Lifecycle: start an embedded etcd when no endpoints are configured; connect; register
-this replica under a lease (so others can tell a crashed owner from a slow one); start
-watching policies; serve gRPC with health. On SIGTERM: report NOT_SERVING, let
-in-flight RPCs finish (grace period), stop background work, stop embedded etcd.
+Lifecycle: handle SIGTERM/SIGINT; when no endpoints are configured, lock the data dir and
+start an embedded etcd under it; connect; register this replica under a lease (so others
+can tell a crashed owner from a slow one); start watching policies; serve gRPC with
+health. On SIGTERM: report NOT_SERVING, let in-flight RPCs finish (grace period), stop
+background work, stop the embedded etcd, release the data dir.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import pathlib
 import signal
 import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from . import failpoints
 from .api.servicer import AgentTxServicer, add_to_server
 from .auth import Authenticator, RateLimiter, check_listen_allowed, server_credentials_from_settings
 from .config import Settings
 from .contracts.layout import Keys
 from .effects.channels import ChannelRegistry
+from .effects.deadletters import DeadLetters
+from .effects.deferred import deferred_delivery
 from .effects.outbox import Dispatcher
-from .embedded_etcd import EmbeddedEtcd
+from .embedded_etcd import DataDirLock, EmbeddedEtcd, StartAborted
 from .engine.engine import Engine
 from .engine.limits import RESPONSE_BYTES
 from .engine.policy import RollbackSettings
 from .observability import tracing
 from .observability.metrics import METRICS
 from .store.client import Store, connect
+from .store.lease import LeaseKeeper
+from .tasks import BackgroundTasks
 from .tools.registry import ToolRegistry
+from .tools.toolsets import Toolsets
 from .workers.policies import PolicyCache
 from .workers.reaper import Reaper
+from .workers.toolsets import ToolsetSources
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +55,12 @@ SERVICE_NAME = "agenttx.v1.AgentTxService"
 # are kept within gRPC's default client limit by the engine's budgets (engine.limits).
 MAX_RECEIVE_BYTES = RESPONSE_BYTES
 MAX_SEND_BYTES = RESPONSE_BYTES
+# A full garbage collection after this many collections of the middle generation
+# (CPython's default: 10); see _tune_garbage_collection.
+FULL_COLLECTION_EVERY = 100
+# How long the embedded etcd may take to answer its health check (usually under a second;
+# a busy laptop can take several).
+ETCD_START_TIMEOUT_S = 30.0
 
 
 class ReadinessProbe:
@@ -57,7 +74,7 @@ class ReadinessProbe:
         self.store, self.health = store, health
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.serving: bool | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = BackgroundTasks("readiness")
         self._failures = 0
 
     async def _set(self, serving: bool) -> None:
@@ -89,86 +106,113 @@ class ReadinessProbe:
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="readiness")
+        self._tasks.start(self._loop(), name="readiness")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await self._tasks.stop()
 
 
-class ReplicaPresence:
-    """`<prefix>/replicas/<id>` on a lease, refreshed in the background."""
+def replica_presence(store: Store, keys: Keys, replica_id: str, ttl_s: int = 10) -> LeaseKeeper:
+    """`<prefix>/replicas/<id>` on a lease kept alive (and re-granted after an outage):
+    how other replicas tell a crashed owner of an in-flight step from a slow one."""
+    key = keys.replica(replica_id)
 
-    def __init__(self, store: Store, keys: Keys, replica_id: str, ttl_s: int = 10) -> None:
-        self.store, self.keys, self.replica_id = store, keys, replica_id
-        self.ttl_s = ttl_s
-        self._task: asyncio.Task[None] | None = None
-        self.lease_id = 0
+    async def attach(lease_id: int) -> bool:
+        await store.put(key, b"alive", lease=lease_id, what="replica presence")
+        return True
 
-    async def _register(self) -> None:
-        lease = await self.store.client.lease(self.ttl_s)
-        self.lease_id = lease.id
-        await self.store.put(self.keys.replica(self.replica_id), b"alive", lease=lease.id,
-                             what="replica presence")
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                if not self.lease_id:
-                    await self._register()
-                await asyncio.sleep(self.ttl_s / 3)
-                resp = await self.store.client.refresh_lease(self.lease_id)
-                if getattr(resp, "TTL", 1) <= 0:
-                    self.lease_id = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("replica lease refresh failed", extra={"error": str(exc)})
-                self.lease_id = 0
-                await asyncio.sleep(1.0)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="replica-presence")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        if self.lease_id:
-            with contextlib.suppress(Exception):
-                await self.store.client.revoke_lease(self.lease_id)
+    return LeaseKeeper(store, ttl_s, what="replica presence", attach=attach, regrant=True)
 
 
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None) -> int:
+                stop: asyncio.Event | None = None, data_dir_lock: DataDirLock | None = None
+                ) -> int:
     """Run one replica until SIGTERM/SIGINT (or until `stop` is set, when given: how a
-    test runs a replica in its own event loop)."""
+    test runs a replica in its own event loop).
+
+    SIGTERM and SIGINT are handled from the first moment, so one that arrives while the
+    embedded etcd is still coming up stops that etcd too (docs/architecture.md, "The
+    embedded etcd"). Without etcd endpoints the data dir is locked first (or
+    `data_dir_lock`, already held, is used and released at the end). Raises
+    EmbeddedEtcdError, one line for a person, when the embedded etcd cannot run (its data
+    dir is held by another service, an etcd left behind cannot be stopped, or it does
+    not start)."""
     check_listen_allowed(settings.listen, settings.auth, settings.allow_unauthenticated)
+    failpoints.arm(settings.failpoints)
     tracing.setup()  # off unless the OTEL_* environment configures an exporter
-    embedded: EmbeddedEtcd | None = None
-    endpoints = settings.endpoints()
+    stop = stop if stop is not None else asyncio.Event()
     data_dir = pathlib.Path(settings.data_dir)
-    if not endpoints:
-        embedded = EmbeddedEtcd(data_dir / "etcd", max_txn_ops=settings.etcd_max_txn_ops,
-                                max_request_bytes=settings.etcd_max_request_bytes)
-        await asyncio.to_thread(embedded.start)
-        endpoints = embedded.endpoints
-        log.info("started embedded etcd (development only; use --etcd-endpoints in production)",
-                 extra={"endpoints": endpoints, "data_dir": str(data_dir / "etcd")})
+    with _stop_on_signals(stop):
+        endpoints = settings.endpoints()
+        if endpoints:
+            return await _serve_on(settings, endpoints, data_dir, ready, stop)
+        lock = data_dir_lock or DataDirLock(data_dir, {"listen": settings.listen}).acquire()
+        try:
+            return await _serve_embedded(settings, data_dir, ready, stop, lock)
+        finally:
+            lock.release()
+
+
+async def _serve_embedded(settings: Settings, data_dir: pathlib.Path,
+                          ready: asyncio.Event | None, stop: asyncio.Event,
+                          lock: DataDirLock) -> int:
+    """Serve on an etcd of our own under `data_dir`, which this process holds (`lock`)
+    for as long as that etcd may run: no other service can start one on the same files,
+    and no path out of here (a start-up error, a signal during start-up, a normal stop)
+    leaves the etcd running. Only SIGKILL can; the next start stops that survivor."""
+    embedded = EmbeddedEtcd(data_dir / "etcd", max_txn_ops=settings.etcd_max_txn_ops,
+                            max_request_bytes=settings.etcd_max_request_bytes)
+    lock.note(listen=settings.listen, etcd=",".join(m.client_url for m in embedded.members))
     try:
-        return await _serve_on(settings, endpoints, data_dir, ready, stop)
+        if not await _start_etcd(embedded, stop, ETCD_START_TIMEOUT_S):
+            log.info("stopped while starting")
+            return 0
+        log.info("started embedded etcd (development only; use --etcd-endpoints in "
+                 "production)", extra={"endpoints": embedded.endpoints,
+                                       "data_dir": str(embedded.base)})
+        return await _serve_on(settings, embedded.endpoints, data_dir, ready, stop)
     finally:
-        # also when start-up fails (bad settings): never leave an embedded etcd behind
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
-            log.info("stopped")
+        # synchronous on purpose: a second signal or a cancellation cannot cut it short
+        embedded.stop()
+
+
+async def _start_etcd(embedded: EmbeddedEtcd, stop: asyncio.Event, timeout: float) -> bool:
+    """Start the etcd (on a thread: it polls until healthy); False when `stop` was set
+    first, in which case start() has stopped the etcd before this returns."""
+    abort = threading.Event()
+    starting = asyncio.ensure_future(asyncio.to_thread(embedded.start, timeout, abort=abort))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not starting.done():
+        abort.set()
+    try:
+        await starting
+    except StartAborted:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set `stop` (drain, then exit); SIGUSR1 logs every task's stack."""
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    for sig in signals:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, _dump_tasks if sig == signal.SIGUSR1 else stop.set)
+    try:
+        yield
+    finally:
+        for sig in signals:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
 
 
 async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.Path,
-                    ready: asyncio.Event | None, stop: asyncio.Event | None) -> int:
+                    ready: asyncio.Event | None, stop: asyncio.Event) -> int:
     store = connect(endpoints, timeout=settings.etcd_timeout_s, ca_file=settings.etcd_ca_file,
                     cert_file=settings.etcd_cert_file, key_file=settings.etcd_key_file,
                     tls_server_name=settings.etcd_tls_server_name)
@@ -179,46 +223,62 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     fs_root = settings.fs_root or str(data_dir / "sandbox")
     pathlib.Path(fs_root).mkdir(parents=True, exist_ok=True)
 
-    policies = PolicyCache(store, keys, RollbackSettings(**settings.default_policy.model_dump()),
-                           settings.tx_idle_timeout_s, settings.service_namespace)
+    default = settings.default_policy
+    policies = PolicyCache(store, keys, RollbackSettings(
+        default.max_local_depth, default.max_global_resets, default.replay_budget_factor),
+        settings.tx_idle_timeout_s, settings.service_namespace,
+        default_approval=default.approval_settings())
     channels = ChannelRegistry.from_config(settings.effect_channels)
+    toolsets = Toolsets(service_namespace=settings.service_namespace,
+                        max_connections=settings.toolset_max_connections)
+    tools = ToolRegistry.load()
+    tools.attach(toolsets)
     dispatcher = Dispatcher(store, keys.prefix, channels, replica_id,
                             lease_ttl_s=settings.leader_ttl_s,
                             poll_interval_s=settings.effect_poll_s,
-                            claim_s=settings.effect_claim_s)
-    engine = Engine(store=store, keys=keys, tools=ToolRegistry.load(),
+                            claim_s=settings.effect_claim_s,
+                            deferred=deferred_delivery(toolsets))
+    engine = Engine(store=store, keys=keys, tools=tools,
                     resolve_policy=policies.resolve, default_fs_root=fs_root,
                     replica_id=replica_id, channel_names=channels.names,
                     max_txn_ops=settings.etcd_max_txn_ops,
                     max_request_bytes=settings.etcd_max_request_bytes, dispatcher=dispatcher,
                     max_open_transactions=settings.max_open_transactions,
-                    effect_key_retention_s=settings.effect_key_retention_s)
+                    effect_key_retention_s=settings.effect_key_retention_s,
+                    history_retention_s=settings.history_retention_s,
+                    service_namespace=settings.service_namespace)
     METRICS.zero_initialise(engine.tools.names(), channels.names())
 
-    presence = ReplicaPresence(store, keys, replica_id, settings.replica_ttl_s)
+    presence = replica_presence(store, keys, replica_id, settings.replica_ttl_s)
+    toolset_sources = ToolsetSources(store, keys, toolsets, file=settings.toolsets_file,
+                                     refresh_s=settings.toolsets_refresh_s)
     try:
         await policies.load()
-        await presence._register()
+        await presence.acquire()
+        await toolset_sources.load()
     except Exception as exc:
         log.warning("etcd not reachable at start-up; serving and retrying in the background",
                     extra={"error": str(exc)})
+    await toolset_sources.start()
     policies.start()
     presence.start()
     reaper = Reaper(engine, store, keys, replica_id, settings.tx_idle_timeout_s,
                     ttl_s=settings.leader_ttl_s,
                     fs_roots=lambda: [fs_root, *policies.sandbox_roots()],
                     temp_sweep_s=settings.temp_sweep_s, temp_min_age_s=settings.temp_min_age_s)
-    background = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
-                  asyncio.create_task(reaper.run(), name="reaper"),
-                  asyncio.create_task(engine.committer.retention.keep_fresh(),
-                                      name="retention-lease")]
+    background = BackgroundTasks("replica")
+    background.start(dispatcher.run(), name="dispatcher")
+    background.start(reaper.run(), name="reaper")
+    background.start(engine.committer.retention.keep_fresh(), name="retention-lease")
+    background.start(engine.history_lease.keep_fresh(), name="history-lease")
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
         ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ])
+    dead_letters = DeadLetters(store, keys, engine.committer.retention.lease_id)
     add_to_server(AgentTxServicer(engine, authenticator, RateLimiter(settings.max_requests_per_s),
-                                  settings.admins()), server)
+                                  settings.admins(), dead_letters=dead_letters), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     _add_reflection(server)
@@ -229,6 +289,7 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     await authenticator.start()
     readiness = ReadinessProbe(store, health_servicer)
     await readiness.check()
+    _tune_garbage_collection()  # start-up is done: what exists now lives as long as we do
     await server.start()
     readiness.start()
     metrics_server = _start_metrics(settings.metrics_listen)
@@ -239,29 +300,17 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
                                         "prefix": keys.prefix, "fs_root": fs_root})
     if ready is not None:
         ready.set()
-
-    stop = stop if stop is not None else asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-    for sig in signals:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, _dump_tasks if sig == signal.SIGUSR1 else stop.set)
     await stop.wait()
-    for sig in signals:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.remove_signal_handler(sig)
 
     log.info("shutting down: draining in-flight RPCs", extra={"grace_s": settings.grace_period_s})
     await readiness.stop()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(settings.grace_period_s)
-    for task in background:
-        task.cancel()
-    for task in background:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    await background.stop()
+    await channels.aclose()  # the webhook channels' pooled connections
     await policies.stop()
+    await toolset_sources.stop()
     await presence.stop()
     await authenticator.stop()
     tracing.shutdown()
@@ -270,6 +319,29 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     await store.close()
     log.info("stopped")
     return 0
+
+
+def _tune_garbage_collection() -> None:
+    """Keep full garbage collections rare and short: each walks every tracked object
+    while holding the GIL, stalling the whole replica (docs/architecture.md, "The event
+    loop is never held").
+
+    - What start-up built (modules, classes, schemas: ~100k objects) lives as long as the
+      process: frozen after one collection, it is never walked again. A full collection
+      over it took 160-200 ms on a busy 2-core machine.
+    - With that heap frozen, CPython's brake on full collections (wait until the old
+      generation grew by a quarter) no longer holds them back: while a 1 MiB argument
+      document's tens of thousands of objects were alive, one ran every ~70,000
+      allocations, each walking them all (30-50 ms). One full collection per 100, not
+      10, collections of the middle generation: none during such a step, and cycles that
+      survive the young generations are still collected, later.
+
+    Process-wide, like the signal handlers: a test that runs `serve()` in its own process
+    keeps these settings after it returns."""
+    gc.collect()
+    gc.freeze()
+    young, middle, _old = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
 def _add_reflection(server: grpc.aio.Server) -> None:

@@ -126,6 +126,21 @@ class Cluster:
         return wait_for(check, timeout, f"AgentTxPolicy {namespace}/{name} gen {generation} "
                         "Ready (kubectl describe agenttxpolicy for the reason)")
 
+    def toolset_ready(self, name: str, namespace: str, generation: int = 1,
+                      timeout: float = 420) -> dict[str, Any]:
+        """Wait until the toolset's Ready condition is True for `generation` (the first
+        time includes pulling the upstream's image, installing its SDK and rolling the
+        service pods out with the header files)."""
+        def check() -> dict[str, Any] | None:
+            body = self.get("agenttxtoolset", name, namespace)
+            for cond in (body or {}).get("status", {}).get("conditions", []):
+                if (cond["type"] == "Ready" and cond["status"] == "True"
+                        and cond.get("observedGeneration") == generation):
+                    return body
+            return None
+        return wait_for(check, timeout, f"AgentTxToolset {namespace}/{name} gen {generation} "
+                        "Ready (kubectl describe attool for the reason)")
+
     def rollout(self) -> None:
         self.kubectl("rollout", "status", "-n", SYSTEM_NS, f"deployment/{RELEASE}",
                      "--timeout=300s", timeout=320)

@@ -154,6 +154,8 @@ def _requests_without_tx() -> dict[str, tuple[str, object]]:
         "RollbackTransaction": ("RollbackTransaction", pb.RollbackTransactionRequest(to_step=1)),
         "RollbackTransaction-abort": ("RollbackTransaction", pb.RollbackTransactionRequest()),
         "GetTransaction": ("GetTransaction", pb.GetTransactionRequest()),
+        "DecideApproval": ("DecideApproval", pb.DecideApprovalRequest(
+            approve=False, reason="no")),
     }
 
 
@@ -215,6 +217,23 @@ async def test_execute_step_validation_is_invalid_argument_and_changes_nothing(
     assert len(await _step_keys(store, agent.tx)) == 1
     # ... and the transaction carries on normally with step 2.
     assert agent.ok("kv.get", {"key": f"k-{uniq}"}) == {"key": f"k-{uniq}", "value": 1}
+
+
+@pytest.mark.parametrize(("request_", "fragment"), [
+    (pb.DecideApprovalRequest(approve=True, digest=""), "digest must be the 64"),
+    (pb.DecideApprovalRequest(approve=True, digest="ab" * 31), "digest must be the 64"),
+    (pb.DecideApprovalRequest(approve=True, digest="AB" * 32), "digest must be the 64"),
+    (pb.DecideApprovalRequest(approve=False, reason=" "), "reason is required to reject"),
+    (pb.DecideApprovalRequest(approve=False, reason="r" * 1025), "reason is 1025 bytes"),
+])
+def test_a_decision_is_checked_before_any_transaction_is_looked_up(a, request_, fragment):
+    request_.transaction_id = str(uuid.uuid4())
+    expect_error(a.DecideApproval, request_, INVALID, fragment)
+
+
+def test_list_approvals_refuses_a_page_token_it_never_handed_out(a):
+    expect_error(a.ListApprovals, pb.ListApprovalsRequest(page_token="../txh/x"), INVALID,
+                 "page_token is not a token")
 
 
 def test_validation_comes_before_not_found(a):

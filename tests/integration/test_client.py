@@ -145,25 +145,29 @@ def test_a_failed_step_is_a_result_with_hint_strategy_and_the_next_step(client, 
         tx.rollback()
 
 
-def test_an_abort_strategy_ends_the_transaction_and_the_block_does_not_commit(client, uniq):
-    with client.transaction(policy={"max_local_depth": 0, "max_global_resets": 0}) as tx:
-        assert tx.step("kv.put", {"key": f"gone-{uniq}", "value": 1}).ok
-        r = tx.step("kv.gett", {})
-        assert (r.ok, r.status, r.strategy, r.next_step_id, r.ended, r.context_reset) == \
-            (False, StepStatus.FAILED, Strategy.ABORT, 0, True, True)
-        assert r.category == "undefined_function" and r.abort_reason
-        assert tx.finished
-        with pytest.raises(TransactionEnded) as ended:
-            tx.step("kv.put", {"key": "x"})
-        assert ended.value.code == grpc.StatusCode.NOT_FOUND
+def test_an_abort_strategy_ends_the_transaction_and_leaving_the_block_says_so(client, uniq):
+    with pytest.raises(TransactionEnded) as left:
+        with client.transaction(policy={"max_local_depth": 0, "max_global_resets": 0}) as tx:
+            assert tx.step("kv.put", {"key": f"gone-{uniq}", "value": 1}).ok
+            r = tx.step("kv.gett", {})
+            assert (r.ok, r.status, r.strategy, r.next_step_id, r.ended, r.context_reset) == \
+                (False, StepStatus.FAILED, Strategy.ABORT, 0, True, True)
+            assert r.category == "undefined_function" and r.abort_reason
+            assert tx.finished
+            with pytest.raises(TransactionEnded) as ended:
+                tx.step("kv.put", {"key": "x"})
+            assert ended.value.code == grpc.StatusCode.NOT_FOUND
+            assert ended.value.history is None  # raised locally, without a call
+    assert left.value.history is not None and left.value.history.reason == r.abort_reason
     with pytest.raises(NotFound):
         client.get(tx.id)
+    assert _committed_value(client, f"gone-{uniq}") is None
 
 
 def test_after_an_explicit_commit_or_rollback_leaving_the_block_does_nothing_more(client, uniq):
     with client.transaction() as tx:
         assert tx.step("kv.put", {"key": f"c-{uniq}", "value": 1}).ok
-        assert tx.commit() == CommitResult(True, 1, 0, ())
+        assert tx.commit() == CommitResult(True, 1, 0, (), False, "")
     with client.transaction() as tx:
         assert tx.step("kv.put", {"key": f"r-{uniq}", "value": 1}).ok
         assert tx.rollback(reason="changed my mind") == RollbackResult(True, 0, 1, ())

@@ -34,19 +34,29 @@ def run(example: str, target: str) -> str:
     return done.stdout
 
 
-def test_quickstart(target):
-    lines = run("quickstart.py", target).splitlines()
-    assert re.fullmatch(rf"begin    -> transaction {UUID}, next step 1", lines[0])
-    assert lines[1] == ('step 1   record.insert  SUCCESS            NONE             -> '
-                        '{"table":"customers","id":1,"fields":{"name":"Ada"}}')
-    assert lines[2].startswith("step 2   record.insert  ROLLBACK_TRIGGERED LOCAL_BACKTRACK  -> "
-                               'foreign_key_violation: Field "customer_id" of table "orders" '
-                               'references "2"')
-    assert lines[3].endswith('{"table":"orders","id":"o-1","fields":{"customer_id":1,"total":42}}')
-    assert lines[4].endswith('{"path":"receipts/o-1.txt","bytes":13}')
-    assert lines[5].startswith("step 4   effect.stage   SUCCESS")
-    assert lines[6].startswith("get      -> next step 5, constraints ['Field \"customer_id\"")
-    assert lines[7] == "commit   -> committed=True steps=4 effects_dispatched=1"
+def test_quickstart_runs_again_and_again_and_commits_after_its_recovery(target):
+    for _ in range(2):  # fresh ids per run: the second run is no different from the first
+        lines = run("quickstart.py", target).splitlines()
+        assert re.fullmatch(rf"begin    -> transaction {UUID}, next step 1", lines[0])
+        customer = re.fullmatch(
+            r'step 1   record\.insert  SUCCESS            NONE             -> '
+            r'\{"table":"customers","id":"(ada-[0-9a-f]{6})","fields":\{"name":"Ada"\}\}',
+            lines[1]).group(1)
+        order = "o-" + customer.removeprefix("ada-")
+        assert lines[2] == (
+            "step 2   record.insert  ROLLBACK_TRIGGERED LOCAL_BACKTRACK  -> "
+            'foreign_key_violation: Field "customer_id" of table "orders" references "ada", '
+            'which is not in table "customers"; insert that row first or use an existing id.')
+        assert lines[3] == (
+            "step 2   record.insert  SUCCESS            NONE             -> "
+            f'{{"table":"orders","id":"{order}","fields":{{"customer_id":"{customer}",'
+            '"total":42}}')
+        assert lines[4] == (f"step 3   fs.write       SUCCESS            NONE             -> "
+                            f'{{"path":"receipts/{order}.txt","bytes":{len(order) + 10}}}')
+        assert lines[5].startswith("step 4   effect.stage   SUCCESS")
+        assert lines[6].startswith("get      -> next step 5, constraints ['Field \"customer_id\"")
+        assert lines[7] == "commit   -> committed=True steps=4 effects_dispatched=1"
+        assert len(lines) == 8
 
 
 def test_agent_loop(target):

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
+from agenttx.contracts.outbox import OutboxEntry, effect_entry, encode_entry
 from agenttx.effects.channels import ChannelRegistry, Effect, message_id
-from agenttx.effects.outbox import Dispatcher, new_entry, outbox_key, pending
+from agenttx.effects.outbox import Dispatcher, outbox_key, pending
 from agenttx.embedded_etcd import free_port
 from agenttx.store.client import Store, connect, op_put
 from agenttx.store.lease import LeaderLease, NotLeader
@@ -51,13 +52,20 @@ def registry(webhook: WebhookReceiver | None = None, **more: Any) -> ChannelRegi
     return ChannelRegistry.from_config(cfg)
 
 
+def entry_of(effect: Effect, seq: int, claimed_by: str = "") -> OutboxEntry:
+    return effect_entry(effect.channel, effect.payload, effect.idempotency_key,
+                        effect.transaction_id, seq, now=time.time(), claimed_by=claimed_by,
+                        claim_s=30.0)
+
+
 async def put_entry(store: Store, prefix: str, effect: Effect, seq: int,
-                    claimed_by: str | None = None) -> tuple[bytes, int]:
-    """What a commit txn does for one effect: write the outbox entry; return (key, rev)."""
+                    claimed_by: str = "") -> tuple[bytes, int, OutboxEntry]:
+    """What a commit txn does for one effect: write the outbox entry; return (key, rev,
+    entry), what the commit hands to `deliver_committed`."""
     key = outbox_key(prefix, effect.transaction_id, seq)
-    value = new_entry(effect, seq, now=time.time(), claimed_by=claimed_by)
-    res = await store.txn([], [op_put(key, value)])
-    return key, res.revision
+    entry = entry_of(effect, seq, claimed_by)
+    res = await store.txn([], [op_put(key, encode_entry(entry))])
+    return key, res.revision, entry
 
 
 async def wait_until(cond: Callable[[], Awaitable[bool] | bool], timeout: float,
@@ -100,10 +108,8 @@ async def test_commit_delivery_posts_exact_webhook_and_deletes_entries(
     d = Dispatcher(store, etcd_prefix, registry(webhook), "r1", **FAST)
     hook = Effect("hooks", {"order": 42, "items": ["a", "b"]}, "tx1-order-42", "tx1")
     audit = Effect("log", {"note": "shipped"}, "tx1-audit", "tx1")
-    entries = []
-    for seq, eff in enumerate([audit, hook]):
-        key, value = d.entry_for(eff, seq)
-        entries.append((key, (await store.txn([], [op_put(key, value)])).revision))
+    entries = [await put_entry(store, etcd_prefix, eff, seq, claimed_by="r1")
+               for seq, eff in enumerate([audit, hook])]
 
     assert await d.deliver_committed(entries) == (2, [])
 
@@ -124,27 +130,28 @@ async def test_commit_delivery_posts_exact_webhook_and_deletes_entries(
 async def test_commit_delivery_failure_is_reported_and_rescheduled(store, etcd_prefix, webhook):
     webhook.status = 503
     d = Dispatcher(store, etcd_prefix, registry(webhook), "r1", **FAST)
-    key, rev = await put_entry(store, etcd_prefix, Effect("hooks", {"x": 1}, "k-503", "tx2"), 0,
-                               claimed_by="r1")
+    written = await put_entry(store, etcd_prefix, Effect("hooks", {"x": 1}, "k-503", "tx2"), 0,
+                              claimed_by="r1")
     before = time.time()
 
-    delivered, errors = await d.deliver_committed([(key, rev)])
+    delivered, errors = await d.deliver_committed([written])
 
     assert delivered == 0
     assert errors == [f"hooks k-503: {webhook.url.rsplit('/', 1)[0]} answered HTTP 503 "
                       "Service Unavailable"]
-    [entry] = await pending(store, etcd_prefix)
-    assert entry["attempts"] == 1 and entry["claimed_by"] is None
-    assert entry["next_attempt_at"] > before
-    assert "HTTP 503" in entry["last_error"]
+    [left] = await pending(store, etcd_prefix)
+    entry = left.entry
+    assert entry.attempts == 1 and entry.claimed_by == ""
+    assert entry.next_attempt_at > before
+    assert "HTTP 503" in entry.last_error
 
 
 async def test_commit_delivery_unreachable_receiver_is_reported(store, etcd_prefix):
     reg = ChannelRegistry.from_config(
         {"hooks": {"kind": "webhook", "url": f"http://127.0.0.1:{free_port()}/", "timeout_s": 1}})
     d = Dispatcher(store, etcd_prefix, reg, "r1", **FAST)
-    key, rev = await put_entry(store, etcd_prefix, Effect("hooks", 1, "k-refused", "tx"), 0, "r1")
-    delivered, [error] = await d.deliver_committed([(key, rev)])
+    written = await put_entry(store, etcd_prefix, Effect("hooks", 1, "k-refused", "tx"), 0, "r1")
+    delivered, [error] = await d.deliver_committed([written])
     assert delivered == 0 and error.startswith("hooks k-refused: ")
     assert "refused the connection" in error
 
@@ -157,9 +164,9 @@ async def test_email_arrives_with_message_id_from_idempotency_key(store, etcd_pr
     d = Dispatcher(store, etcd_prefix, reg, "r1", **FAST)
     eff = Effect("mail", {"to": ["ops@example.com", "cto@example.com"], "subject": "Refund done",
                           "body": "Order 42 refunded.\n"}, "tx3-mail-1", "tx3")
-    key, rev = await put_entry(store, etcd_prefix, eff, 0, "r1")
+    written = await put_entry(store, etcd_prefix, eff, 0, "r1")
 
-    assert await d.deliver_committed([(key, rev)]) == (1, [])
+    assert await d.deliver_committed([written]) == (1, [])
 
     [env] = sink.envelopes
     assert env.mail_from == "agenttx@example.com"
@@ -180,9 +187,9 @@ async def test_background_retry_delivers_once_after_receiver_recovers(
     webhook.status = 500
     reg = registry(webhook)
     committer = Dispatcher(store, etcd_prefix, reg, "r1", **FAST)
-    key, rev = await put_entry(store, etcd_prefix, Effect("hooks", {"n": 1}, "k-retry", "tx4"),
-                               0, "r1")
-    assert (await committer.deliver_committed([(key, rev)]))[0] == 0
+    written = await put_entry(store, etcd_prefix, Effect("hooks", {"n": 1}, "k-retry", "tx4"),
+                              0, "r1")
+    assert (await committer.deliver_committed([written]))[0] == 0
     webhook.status = 200
 
     async with running(Dispatcher(store, etcd_prefix, reg, "r2", **FAST)):
@@ -195,13 +202,13 @@ async def test_background_retry_delivers_once_after_receiver_recovers(
 
 async def test_background_leaves_a_commit_claimed_entry_alone(store, etcd_prefix, webhook):
     reg = registry(webhook)
-    key, rev = await put_entry(store, etcd_prefix, Effect("hooks", 1, "k-claimed", "tx5"), 0,
-                               claimed_by="r1")
+    written = await put_entry(store, etcd_prefix, Effect("hooks", 1, "k-claimed", "tx5"), 0,
+                              claimed_by="r1")
     async with running(Dispatcher(store, etcd_prefix, reg, "r2", **FAST)) as _:
         await asyncio.sleep(0.6)
         assert webhook.requests == []
         assert await Dispatcher(store, etcd_prefix, reg, "r1", **FAST).deliver_committed(
-            [(key, rev)]) == (1, [])
+            [written]) == (1, [])
         await asyncio.sleep(0.3)
     assert webhook.keys() == Counter({"k-claimed": 1})
 
@@ -228,8 +235,8 @@ async def test_revoked_dispatcher_stops_acting_and_the_other_takes_over(
     b = Dispatcher(store, etcd_prefix, reg, "replica-b", **FAST)
     sent_by: list[str] = []
 
-    def tracking(name: str) -> Callable[[bytes, dict[str, Any]], Awaitable[None]]:
-        async def hook(key: bytes, entry: dict[str, Any]) -> None:
+    def tracking(name: str) -> Callable[[bytes, OutboxEntry], Awaitable[None]]:
+        async def hook(key: bytes, entry: OutboxEntry) -> None:
             sent_by.append(name)
         return hook
 
@@ -238,7 +245,7 @@ async def test_revoked_dispatcher_stops_acting_and_the_other_takes_over(
         await wait_until(lambda: a.is_leader, 3, "a to lead")
         stale_fence = a.lease.fence()
         async with running(b):
-            await store.client.revoke_lease(a.lease.lease_id)
+            await store.revoke_lease(a.lease.lease_id)
             # The ex-holder's fence is dead in etcd at once, whatever a believes locally.
             probe = f"{etcd_prefix}/probe".encode()
             assert not (await store.txn(stale_fence, [op_put(probe, b"x")])).succeeded
@@ -262,7 +269,7 @@ async def test_crash_between_delivery_and_delete_redelivers_at_most_once(
     b = Dispatcher(store, etcd_prefix, reg, "replica-b", **FAST, claim_s=1.0)
     delivered_by_a = asyncio.Event()
 
-    async def crash_point(key: bytes, entry: dict[str, Any]) -> None:
+    async def crash_point(key: bytes, entry: OutboxEntry) -> None:
         delivered_by_a.set()
         await asyncio.Event().wait()  # "dies" here: cancelled before the delete
 

@@ -6,7 +6,6 @@ however much data open transactions hold."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import grpc
@@ -17,6 +16,7 @@ from agenttx.v1 import agenttx_pb2 as pb
 from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 from support.rpc import KEYS, TIMEOUT_S, expect_error, expect_failure, get, output
 from support.service import Agent, ServiceProcess
+from support.waiting import eventually_async, slack
 
 MIB = 1024 * 1024
 ABORTED = grpc.StatusCode.ABORTED
@@ -167,9 +167,12 @@ async def test_a_step_whose_output_would_not_fit_a_response_fails_and_changes_no
 async def test_the_reaper_reaps_while_open_transactions_hold_over_100_mib(
         etcd, scratch, sandbox, store):
     prefix = f"/agenttx-bulk-{uuid.uuid4().hex[:8]}"
+    # Long enough that all six stay open while the others are written, even on a busy
+    # machine; every transaction is touched again once they all exist.
+    idle_s = 30
     svc = ServiceProcess("bulk", etcd_endpoints=etcd.endpoints, prefix=prefix,
                          fs_root=str(sandbox), workdir=scratch / "bulk",
-                         extra_args=["--tx-idle-timeout-s", "10"]).start()
+                         extra_args=["--tx-idle-timeout-s", str(idle_s)]).start()
     try:
         value = "v" * (MIB - 200)
         agents = []
@@ -178,14 +181,17 @@ async def test_the_reaper_reaps_while_open_transactions_hold_over_100_mib(
             for s in range(9):
                 output(agent.step("kv.put", {"key": f"bulk-{t}-{s}", "value": value}))
             agents.append(agent)
+        for agent in agents:
+            assert get(svc.stub, agent.tx).next_step_id == 10  # open, and active again
         held = 0
         async for page in store.pages(f"{prefix}/tx/".encode(), page_size=8):
             held += sum(len(kv.value) for kv in page)
         assert held > 100 * MIB, held
-        deadline = time.monotonic() + 120
-        while await store.count(f"{prefix}/txh/".encode()) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert await store.count(f"{prefix}/txh/".encode()) == 0
+
+        async def reaped_all() -> bool:
+            return await store.count(f"{prefix}/txh/".encode()) == 0
+        await eventually_async(reaped_all, slack(idle_s * 2),
+                               "every idle transaction reaped")
         assert await store.count(f"{prefix}/tx/".encode()) == 0
         for agent in agents:
             expect_error(svc.stub.GetTransaction,

@@ -146,7 +146,8 @@ def test_a_fresh_replica_exports_every_dashboard_series_at_zero(pair):
     present += [key("agenttx_leader", role=role) for role in m.ROLES]
     present += [key(g) for g in ("agenttx_open_transactions",
                                  "agenttx_transactions_awaiting_rollback",
-                                 "agenttx_outbox_depth", "agenttx_outbox_oldest_age_seconds")]
+                                 "agenttx_outbox_depth", "agenttx_outbox_oldest_age_seconds",
+                                 "agenttx_effects_dead_letters")]
     assert [k for k in present if k not in fresh] == []
     assert "strategy=\"none\"" not in pair[1].text()  # ROLLBACK_STRATEGY_NONE is no rollback
     build = [(k, v) for k, v in fresh.items() if k[0] == "agenttx_build_info"]
@@ -282,6 +283,7 @@ def test_label_values_are_bounded_never_an_id(pair):
         "rpc": set(m.RPCS), "code": codes, "status": set(m.STEP_STATUSES),
         "tool": {*ToolRegistry.load().names(), "unknown"}, "strategy": set(m.STRATEGIES),
         "operation": set(m.ETCD_OPERATIONS), "outcome": set(m.TX_OUTCOMES),
+        "decision": set(m.APPROVAL_DECISIONS),
         "role": set(m.ROLES), "channel": {*CHANNELS, "unknown"},
         "result": set(m.DELIVERY_RESULTS), "version": {agenttx.__version__},
     }

@@ -1,11 +1,14 @@
 """The etcd round-trip budget per RPC (docs/architecture.md), read from the access log:
 ONE round trip per successful step on the replica that served the transaction's previous
-call, whatever the step's tool; one more when another replica serves it."""
+call, whatever the step's tool; one more when another replica serves it. The history
+(one entry per step sent, the end record) is folded into those same transactions: it
+adds no round trip anywhere, and reading it back is one."""
 
 from __future__ import annotations
 
 import time
 
+from agenttx.v1 import agenttx_pb2 as pb
 from support.service import Agent
 
 
@@ -58,3 +61,21 @@ def test_a_step_on_another_replica_reads_once_then_writes(replicas, uniq):
     agent.ok("kv.put", {"key": f"rt3c-{uniq}", "value": 3})
     assert _trips(a, 1) == [("ExecuteStep", 2)]
     assert agent.commit().committed
+
+
+def test_history_is_written_without_a_round_trip_of_its_own(replicas, uniq):
+    replica = replicas[0]
+    agent = Agent(replica.stub)
+    agent.ok("kv.put", {"key": f"rt4-{uniq}", "value": 1})
+    failed = agent.step("kv.get", {"key": f"rt4-missing-{uniq}"})
+    assert failed.status == pb.STEP_STATUS_ROLLBACK_TRIGGERED  # a local retry: one CAS
+    agent.ok("kv.put", {"key": f"rt4b-{uniq}", "value": 2})
+    assert agent.rollback(reason="rt4").rolled_back
+    history = replica.stub.GetTransactionHistory(
+        pb.GetTransactionHistoryRequest(transaction_id=agent.tx))
+    assert _trips(replica, 5) == [("ExecuteStep", 1), ("ExecuteStep", 1), ("ExecuteStep", 1),
+                                  ("RollbackTransaction", 1), ("GetTransactionHistory", 1)]
+    assert (history.status, history.reason) == (pb.TRANSACTION_STATUS_ABORTED, "rt4")
+    assert [(s.step_id, s.tool, s.status) for s in history.steps] == [
+        (1, "kv.put", pb.STEP_STATUS_SUCCESS), (2, "kv.get", pb.STEP_STATUS_ROLLBACK_TRIGGERED),
+        (2, "kv.put", pb.STEP_STATUS_SUCCESS)]

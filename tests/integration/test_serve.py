@@ -14,6 +14,7 @@ import pytest
 
 from agenttx.embedded_etcd import free_port
 from agenttx.v1 import agenttx_pb2 as pb
+from support.processes import etcds_on
 from support.service import Agent, ServiceProcess
 
 
@@ -63,14 +64,14 @@ def test_bad_security_settings_refuse_to_start_and_leave_no_etcd_behind(tmp_path
     argv = [a.format(port=port, missing=tmp_path / "missing.json") for a in args]
     if "--listen" not in argv:
         argv += ["--listen", f"127.0.0.1:{port}"]
-    before = set(_etcd_processes())
     run = subprocess.run([sys.executable, "-m", "agenttx", "serve", "--data-dir",
                           str(tmp_path / "state"), *argv],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr[-2000:]
     assert "invalid settings" in run.stderr and message in run.stderr, run.stderr[-2000:]
     assert "Traceback" not in run.stderr
-    assert set(_etcd_processes()) <= before  # no orphaned embedded etcd
+    assert etcds_on(tmp_path / "state") == []  # no orphaned embedded etcd
+    assert not (tmp_path / "state" / "etcd" / "agenttx-0.pid").exists()
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -80,17 +81,12 @@ def test_bad_security_settings_refuse_to_start_and_leave_no_etcd_behind(tmp_path
 def test_boolean_settings_work_as_bare_flags_or_with_a_value(argv, expected):
     import argparse
 
-    from agenttx.commands import _add_settings_flags, settings_from_args
+    from agenttx.commands import serve_flags, settings_from_args
 
     parser = argparse.ArgumentParser()
-    _add_settings_flags(parser)
-    settings = settings_from_args(parser.parse_args(["--listen", "0.0.0.0:1", *argv]))
+    source = serve_flags(parser)
+    settings = settings_from_args(source, parser.parse_args(["--listen", "0.0.0.0:1", *argv]))
     assert settings.allow_unauthenticated is expected
-
-
-def _etcd_processes() -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,comm"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()[1:] if "etcd" in line.split()[1]]
 
 
 def _stub(address: str):
@@ -125,3 +121,35 @@ def test_sigterm_drains_in_flight_rpcs_before_stopping(etcd, scratch, sandbox):
     with pytest.raises(grpc.RpcError) as err:
         svc.stub.BeginTransaction(pb.BeginTransactionRequest(), timeout=2)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_failpoints_armed_by_the_flag_stop_the_replica_at_that_point(etcd, scratch, sandbox):
+    """`--failpoints` (the `failpoints` setting) is what arms them, not a side channel."""
+    svc = ServiceProcess("armed", etcd_endpoints=etcd.endpoints, prefix="/agenttx-armed",
+                         fs_root=str(sandbox), workdir=scratch / "armed",
+                         extra_args=["--failpoints", "fs.write.before_intent=crash"]).start()
+    try:
+        agent = Agent(svc.stub)
+        agent.ok("kv.put", {"key": "armed", "value": 1})  # other points stay inert
+        with pytest.raises(grpc.RpcError) as err:
+            agent.step("fs.write", {"path": "armed.txt", "contents": "never"})
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert svc.process.wait(timeout=20) == -signal.SIGKILL
+        assert not (sandbox / "armed.txt").exists()
+    finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--failpoints", "fs.write.after_intent=explode"], "failpoints"),
+    (["--default-policy-max-local-depth", "17"], "max_local_depth"),
+    (["--etcd-timeout-s", "fast"], "etcd_timeout_s"),
+])
+def test_a_bad_setting_exits_2_naming_it_before_anything_starts(tmp_path, argv, message):
+    run = subprocess.run([sys.executable, "-m", "agenttx", "serve", "--data-dir",
+                          str(tmp_path / "state"), *argv],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.startswith("agenttx serve: invalid settings")
+    assert message in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "state").exists()  # no embedded etcd was started

@@ -1,6 +1,8 @@
 """`agenttx tx list | show | rollback` as an operator runs it: a real process against the
-real replicas, checked for its exact output and exit codes (SPEC §10.1: 0 done,
-1 rollback incomplete, 2 usage, 3 not found)."""
+real replicas, checked for its exact output and exit codes (docs/client.md: 0 done,
+1 rollback incomplete, 2 usage, 3 not found, 4 permission denied, 6 service failed or
+unreachable). `show` prints the history: open transactions with their live state, ended
+ones as they ended."""
 
 from __future__ import annotations
 
@@ -82,7 +84,8 @@ def test_list_with_nothing_open(target, uniq):
     assert (run.returncode, json.loads(run.stdout)) == (0, [])
 
 
-def test_show_prints_status_next_step_constraints_and_context(client, target, uniq):
+def test_show_prints_status_next_step_constraints_context_and_every_step_sent(client, target,
+                                                                              uniq):
     tx = client.begin(agent_id=f"show-{uniq}")
     tx.step("kv.put", {"key": f"a-{uniq}", "value": 1}, context="remembered a")
     tx.step("fs.write", {"path": f"show-{uniq}.txt", "contents": "x"}, context="wrote\nfile")
@@ -90,11 +93,12 @@ def test_show_prints_status_next_step_constraints_and_context(client, target, un
     run = tx_cli("show", tx.id, "--target", target)
     assert (run.returncode, run.stderr) == (0, "")
     lines = run.stdout.splitlines()
-    assert re.fullmatch(r"created        \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+s ago\)",
-                        lines.pop(6)), run.stdout
-    assert re.fullmatch(r"updated        \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+s ago\)",
-                        lines.pop(6)), run.stdout
-    assert lines == [
+    when = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+s ago\)"
+    assert re.fullmatch(rf"created        {when}", lines.pop(4)), run.stdout
+    assert re.fullmatch(rf"updated        {when}", lines.pop(6)), run.stdout
+    at = r"\d\d:\d\d:\d\d"
+    table = lines[12:]
+    assert lines[:12] == [
         f"transaction    {tx.id}",
         "status         ACTIVE",
         f"agent          show-{uniq}",
@@ -106,12 +110,50 @@ def test_show_prints_status_next_step_constraints_and_context(client, target, un
         "context",
         "  step 1    kv.put    remembered a",
         "  step 2    fs.write  wrote file",
+        "steps",
     ]
+    assert re.fullmatch(r"  STEP  TOOL +STATUS +STRATEGY +AT +ARGUMENTS +RESULT", table[0])
+    assert re.fullmatch(rf"  1 +kv\.put +SUCCESS +NONE +{at}  "
+                        rf'\{{"key":"a-{uniq}","value":1\}} +'
+                        rf'\{{"key":"a-{uniq}","value":1\}}', table[1]), table[1]
+    assert re.fullmatch(rf"  2 +fs\.write +SUCCESS +NONE +{at} .*"
+                        rf'\{{"path":"show-{uniq}\.txt","bytes":1\}}', table[2]), table[2]
+    assert re.fullmatch(rf"  3 +kv\.get +ROLLBACK_TRIGGERED +LOCAL_BACKTRACK +{at} +"
+                        rf'\{{"key":"missing-{uniq}"\}} +no_data_found: '
+                        rf"{re.escape(failed.hint)}", table[3]), table[3]
+    assert len(table) == 4
     as_json = json.loads(tx_cli("show", tx.id, "--json", "--target", target).stdout)
     assert as_json["next_step_id"] == 3 and as_json["constraints"] == [failed.hint]
     assert as_json["context"][1] == {"step_id": 2, "tool_name": "fs.write",
                                      "raw_context": "wrote\nfile"}
+    assert [(s["step_id"], s["tool"], s["status"], s["strategy"]) for s in as_json["steps"]] \
+        == [(1, "kv.put", "SUCCESS", "NONE"), (2, "fs.write", "SUCCESS", "NONE"),
+            (3, "kv.get", "ROLLBACK_TRIGGERED", "LOCAL_BACKTRACK")]
+    assert (as_json["status"], as_json["ended_at"], as_json["ended_by"]) == ("ACTIVE", 0.0, "")
     tx.rollback()
+
+
+def test_show_prints_how_an_ended_transaction_ended(client, target, uniq):
+    tx = client.begin(agent_id=f"ended-{uniq}")
+    tx.step("kv.put", {"key": f"e-{uniq}", "value": 1})
+    tx.step("effect.stage", {"channel": "log", "payload": {"n": 1}})
+    tx.commit()
+    run = tx_cli("show", tx.id, "--target", target)
+    assert (run.returncode, run.stderr) == (0, "")
+    lines = run.stdout.splitlines()
+    assert lines[:4] == [f"transaction    {tx.id}", "status         COMMITTED",
+                         f"agent          ended-{uniq}", "principal      -"]
+    assert re.fullmatch(r"ended          .* UTC \(\d+s ago\) by -", lines[5])
+    assert lines[6:8] == ["committed      2 steps, 1 effect", "steps"]
+    assert [line.split()[:4] for line in lines[9:]] == [
+        ["1", "kv.put", "SUCCESS", "NONE"], ["2", "effect.stage", "SUCCESS", "NONE"]]
+    rolled = client.begin()
+    rolled.step("kv.put", {"key": f"r-{uniq}", "value": 1})
+    rolled.rollback(reason="not needed after all")
+    as_json = json.loads(tx_cli("show", rolled.id, "--json", "--target", target).stdout)
+    assert (as_json["status"], as_json["reason"], as_json["steps_committed"]) == \
+        ("ABORTED", "not needed after all", 0)
+    assert "next_step_id" not in as_json  # no live state: it ended
 
 
 def test_show_and_rollback_of_an_unknown_transaction_exit_3(target):
@@ -137,9 +179,17 @@ def test_rollback_to_a_step_and_abort(client, target, sandbox, uniq):
     run = tx_cli("rollback", tx.id, "--to-step", "9", "--target", target)
     assert run.returncode == 2 and "out of range" in run.stderr
 
-    run = tx_cli("rollback", tx.id, "--target", target)
+    for bad in ("-1", "two", "1.5"):
+        run = tx_cli("rollback", tx.id, "--to-step", bad, "--target", target)
+        assert (run.returncode, run.stdout, run.stderr) == (
+            2, "", f"agenttx tx rollback: --to-step must be an integer >= 1 (or 0 to abort), "
+                   f"not '{bad}'\n")
+    assert client.get(tx.id).next_step_id == 2  # nothing changed
+
+    run = tx_cli("rollback", tx.id, "--to-step", "0", "--target", target)
     assert (run.returncode, run.stdout) == (0, f"aborted transaction {tx.id}: 1 undo action\n")
-    assert tx_cli("show", tx.id, "--target", target).returncode == 3
+    shown = tx_cli("show", tx.id, "--target", target)
+    assert shown.returncode == 0 and "status         ABORTED" in shown.stdout
 
 
 def test_a_transaction_awaiting_rollback_is_resolved_from_the_cli(client, target, sandbox, uniq):
@@ -170,7 +220,7 @@ def test_a_transaction_awaiting_rollback_is_resolved_from_the_cli(client, target
     run = tx_cli("rollback", tx.id, "--target", target)
     assert (run.returncode, run.stdout) == (0, f"aborted transaction {tx.id}: 2 undo actions\n")
     assert not blocker.exists()
-    assert tx_cli("show", tx.id, "--target", target).returncode == 3
+    assert tx_cli("rollback", tx.id, "--target", target).returncode == 3  # nothing left
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -185,7 +235,8 @@ def test_usage_errors_exit_2(args, message):
     assert run.returncode == 2 and message in run.stderr, run
 
 
-def test_an_unreachable_service_exits_4_naming_the_target():
+def test_an_unreachable_service_exits_6_naming_the_target():
     target = f"127.0.0.1:{free_port()}"
     run = tx_cli("list", "--target", target)
-    assert run.returncode == 4 and "UNAVAILABLE" in run.stderr and target in run.stderr
+    assert run.returncode == 6 and "UNAVAILABLE" in run.stderr and target in run.stderr
+    assert len(run.stderr.splitlines()) == 1

@@ -171,4 +171,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "metrics-off": {"metrics": {"enabled": False}},
     "network-policy-off": {"networkPolicy": {"enabled": False}},
     "operator-disabled": {"operator": {"enabled": False}},
+    "console": {"console": {"enabled": True}},
+    "console-https-service-tls": {"console": {"enabled": True,
+                                              "tls": {"secretName": "console-https"}},
+                                  "tls": {"secretName": "agenttx-serving"}},
 }

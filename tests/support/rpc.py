@@ -64,3 +64,13 @@ def output(resp: pb.ExecuteStepResponse) -> Any:
 
 def get(stub: Any, tx: str) -> pb.GetTransactionResponse:
     return stub.GetTransaction(pb.GetTransactionRequest(transaction_id=tx), timeout=TIMEOUT_S)
+
+
+def ended(stub: Any, tx: str) -> bool:
+    """Whether the transaction is gone (GetTransaction answers NOT_FOUND). Note that a
+    GetTransaction is activity: poll more slowly than an idle timeout you wait for."""
+    try:
+        stub.GetTransaction(pb.GetTransactionRequest(transaction_id=tx), timeout=TIMEOUT_S)
+    except grpc.RpcError as exc:
+        return exc.code() == grpc.StatusCode.NOT_FOUND
+    return False

@@ -276,6 +276,28 @@ def test_a_hostile_mebibyte_parses_or_fails_cleanly(text: str, message: str | No
         assert error(text) == message
 
 
+# The search for numbers an f64 cannot hold reads a large document in slices of
+# jsonargs._SLICE characters (so that no regex call holds the GIL long): a number cut by a
+# slice boundary must still be found, whichever of its characters sits on the boundary.
+SLICE = agenttx.args.jsonargs._SLICE
+
+
+@pytest.mark.parametrize("literal", ["1e400", "1E+0400", "1" + "0" * 309])
+@pytest.mark.parametrize("shift", [-300, -4, -2, -1, 0, 1])
+def test_a_number_out_of_range_across_a_slice_boundary_is_found(literal: str, shift: int) -> None:
+    head = '{"pad":"'
+    start = SLICE + shift  # where the literal begins
+    text = head + "x" * (start - len(head) - len('","n":')) + '","n":' + literal + "}"
+    assert text.index(literal) == start
+    assert error(text) == f"number out of range at line 1 column {start + len(literal)}"
+
+
+@pytest.mark.parametrize("literal", ["1e308", "1" + "0" * 208, "1.5e-400"])
+def test_numbers_an_f64_holds_across_a_slice_boundary_parse(literal: str) -> None:
+    text = '{"pad":"' + "x" * (SLICE - 12) + '","n":' + literal + "}"
+    assert parse_arguments(text)["n"] == json.loads(text)["n"]
+
+
 @pytest.mark.timeout(20, method="thread")
 def test_a_repeated_key_after_100k_keys_is_found() -> None:
     text = json.dumps({f"k{i}": i for i in range(100_000)})[:-1] + ', "k0": 1}'

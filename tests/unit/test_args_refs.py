@@ -18,6 +18,7 @@ import pytest
 from agenttx.args import (
     MAX_DEPTH,
     MAX_EXPANSION,
+    OverBudget,
     Reference,
     ReferenceError_,
     Resolution,
@@ -343,3 +344,65 @@ def test_fifty_thousand_references_resolve() -> None:
     assert res.value["v"] == [5] * 50_000
     assert res.value["w"] == "-".join(["src"] * 20_000)
     assert res.referenced == {1}
+
+
+# ---- a budget: what the engine may resolve on its event loop (engine/arguments.py) --------
+
+BUDGET_CASES = [
+    {"v": "${steps.1.value.n}"},
+    {"v": ["${steps.1.value}"] * 300},
+    {"v": "-".join(["${steps.1.key}"] * 100)},
+    {"a": "${steps.1.value.obj}", "b": "${steps.9.x}", "c": "${steps.1.value.list}"},
+    {"a": "${steps.1.value.missing}", "b": ["${steps.1.value}"] * 500},
+    {"v": ["${steps.1.value}"] * 3 + ["${steps.2}"]},
+]
+BIG_OUTPUTS = {**OUTPUTS, 2: {"rows": [{"id": i, "name": f"row {i}"} for i in range(5000)]}}
+
+
+def outcome(args: object, budget: int | None) -> object:
+    try:
+        res = resolve(args, BIG_OUTPUTS, range(1, 3), budget=budget)
+    except ReferenceError_ as exc:
+        return ("error", exc.message, exc.argument, exc.step, exc.referenced)
+    return ("ok", res.value, res.referenced, res.provenance)
+
+
+@pytest.mark.parametrize("args", BUDGET_CASES)
+@pytest.mark.parametrize("budget", [0, 300, 5_000, 64 * 1024, 10**9])
+def test_a_budget_never_changes_the_outcome_it_only_gives_up(args: object, budget: int) -> None:
+    try:
+        bounded = outcome(args, budget)
+    except OverBudget:
+        return
+    assert bounded == outcome(args, None)
+
+
+def test_a_small_resolution_fits_the_engines_inline_budget() -> None:
+    args = {"a": "${steps.1.value.obj}", "b": "n=${steps.1.value.n}"}
+    assert resolve(args, OUTPUTS, LIVE, budget=64 * 1024).value == \
+        {"a": {"a": 1, "b": [True, None]}, "b": "n=5"}
+
+
+def test_many_references_are_over_budget_before_any_is_looked_up() -> None:
+    # step 9 is not live: looking up the first reference would raise ReferenceError_
+    with pytest.raises(OverBudget):
+        resolve({"v": ["${steps.9.x}"] * 1000}, OUTPUTS, LIVE, budget=64 * 1024)
+
+
+def test_a_large_referenced_value_is_over_budget_before_it_is_serialised() -> None:
+    # object() cannot be serialised: reaching it (walking it all, or dumps) would raise
+    # TypeError. The walk gives up after about the budget's worth of items instead.
+    huge = [[0] * 1000 for _ in range(1000)] + [object()]
+    with pytest.raises(OverBudget):
+        resolve({"v": "${steps.1.rows}"}, {1: {"rows": huge}}, LIVE, budget=64 * 1024)
+    with pytest.raises(OverBudget):
+        resolve({"v": "${steps.1.rows}"}, {1: {"rows": [0] * 10**6 + [object()]}}, LIVE,
+                budget=64 * 1024)
+    with pytest.raises(OverBudget):
+        resolve({"v": "${steps.1.text}"}, {1: {"text": "x" * 100_000}}, LIVE, budget=64 * 1024)
+
+
+def test_a_long_reference_path_counts_against_the_budget() -> None:
+    ref = "${steps.1" + ".a" * 40_000 + "}"
+    with pytest.raises(OverBudget):
+        resolve({"v": ref}, OUTPUTS, LIVE, budget=64 * 1024)

@@ -2,7 +2,7 @@
 
 The metrics port and its headless Service, the ServiceMonitor and PrometheusRule
 (rendered offline, not gated on .Capabilities, valid against the upstream CRD schemas),
-the five alerts with their runbooks and thresholds, and the Grafana dashboard. Every
+the six alerts with their runbooks and thresholds, and the Grafana dashboard. Every
 PromQL expression, in the alerts and the dashboard, is parsed with promql-parser (a port
 of Prometheus' own parser), and every metric and label it uses must be one the service
 exports: the names come from `agenttx.observability.metrics.EXPORTED` and the label
@@ -39,7 +39,8 @@ from support.chart import (
 
 DASHBOARD = CHART / "files" / "dashboards" / "agenttx.json"
 ALERTS = ("AgentTxHighErrorRate", "AgentTxHighLatencyP99", "AgentTxOutboxBacklogAge",
-          "AgentTxAwaitingManualRollback", "AgentTxNoDispatcherLeader")
+          "AgentTxAwaitingManualRollback", "AgentTxDeadLetters",
+          "AgentTxApprovalPendingTooLong", "AgentTxNoDispatcherLeader")
 SERVER_ERRORS = {"INTERNAL", "UNAVAILABLE", "UNKNOWN", "DEADLINE_EXCEEDED", "DATA_LOSS"}
 # Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
 TARGET_LABELS = {"namespace", "job", "pod", "instance", "service", "container", "endpoint"}
@@ -236,7 +237,7 @@ def rules(docs: list[Doc]) -> dict[str, Doc]:
     return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
 
 
-def test_prometheus_rule_has_the_five_alerts(chart: helm_python.Chart) -> None:
+def test_prometheus_rule_has_the_six_alerts(chart: helm_python.Chart) -> None:
     alerts = rules(render(chart, MONITORING))
     assert tuple(alerts) == ALERTS
     for name, rule in alerts.items():
@@ -257,6 +258,8 @@ def test_alert_expressions_use_only_exported_metrics(chart: helm_python.Chart) -
         "AgentTxHighLatencyP99": {"agenttx_rpc_duration_seconds"},
         "AgentTxOutboxBacklogAge": {"agenttx_outbox_oldest_age_seconds"},
         "AgentTxAwaitingManualRollback": {"agenttx_transactions_awaiting_rollback"},
+        "AgentTxDeadLetters": {"agenttx_effects_dead_letters"},
+        "AgentTxApprovalPendingTooLong": {"agenttx_approval_oldest_pending_seconds"},
         "AgentTxNoDispatcherLeader": {"agenttx_leader"},
     }
     # Server errors are exactly the five codes the operations guide names.
@@ -274,6 +277,13 @@ def test_alert_thresholds_come_from_values(chart: helm_python.Chart) -> None:
     assert defaults["AgentTxHighLatencyP99"]["expr"].endswith(") > 1")
     assert defaults["AgentTxOutboxBacklogAge"]["expr"].endswith(") > 300")
     assert defaults["AgentTxAwaitingManualRollback"]["expr"].endswith(") > 0")
+    assert defaults["AgentTxDeadLetters"]["expr"].endswith(") > 0")
+    assert (defaults["AgentTxDeadLetters"]["for"],
+            defaults["AgentTxDeadLetters"]["labels"]["severity"]) == ("1m", "warning")
+    assert defaults["AgentTxApprovalPendingTooLong"]["expr"].endswith(") > 3600")
+    assert (defaults["AgentTxApprovalPendingTooLong"]["for"],
+            defaults["AgentTxApprovalPendingTooLong"]["labels"]["severity"]) == ("5m",
+                                                                                 "warning")
     changed = rules(render(chart, {"metrics": {"prometheusRule": {
         "enabled": True, "selector": 'job="agenttx"',
         "runbookBaseUrl": "https://runbooks.example/agenttx",
@@ -282,6 +292,9 @@ def test_alert_thresholds_come_from_values(chart: helm_python.Chart) -> None:
         "highLatencyP99": {"thresholdSeconds": 0.25},
         "outboxBacklogAge": {"thresholdSeconds": 60},
         "awaitingManualRollback": {"threshold": 3, "for": "1h"},
+        "deadLetters": {"threshold": 5, "for": "10m", "severity": "critical"},
+        "approvalPendingTooLong": {"thresholdSeconds": 900, "for": "1m",
+                                   "severity": "critical"},
         "noDispatcherLeader": {"for": "1m"}}}}))
     assert changed["AgentTxHighErrorRate"]["expr"].endswith(") > 0.01")
     assert (changed["AgentTxHighErrorRate"]["for"],
@@ -292,6 +305,13 @@ def test_alert_thresholds_come_from_values(chart: helm_python.Chart) -> None:
     assert changed["AgentTxAwaitingManualRollback"]["expr"].endswith(") > 3")
     assert changed["AgentTxAwaitingManualRollback"]["for"] == "1h"
     assert changed["AgentTxNoDispatcherLeader"]["for"] == "1m"
+    assert changed["AgentTxDeadLetters"]["expr"].endswith(") > 5")
+    assert (changed["AgentTxDeadLetters"]["for"],
+            changed["AgentTxDeadLetters"]["labels"]["severity"]) == ("10m", "critical")
+    assert changed["AgentTxApprovalPendingTooLong"]["expr"].endswith(") > 900")
+    assert (changed["AgentTxApprovalPendingTooLong"]["for"],
+            changed["AgentTxApprovalPendingTooLong"]["labels"]["severity"]) == ("1m",
+                                                                                "critical")
     assert changed["AgentTxOutboxBacklogAge"]["annotations"]["runbook_url"] == (
         "https://runbooks.example/agenttx#agenttxoutboxbacklogage")
     for rule in changed.values():
@@ -398,6 +418,7 @@ def test_dashboard_has_the_panels_operators_need() -> None:
         "etcd latency p50 / p99 by operation": "agenttx_etcd_request_duration_seconds_bucket",
         "CAS conflicts by operation": "agenttx_cas_conflicts_total",
         "Outbox depth": "max(agenttx_outbox_depth",
+        "Dead letters": "max(agenttx_effects_dead_letters",
         "Oldest undelivered effect": "max(agenttx_outbox_oldest_age_seconds",
         "Deliveries by channel and result": "sum by (channel, result)",
         "Open transactions": "max(agenttx_open_transactions",

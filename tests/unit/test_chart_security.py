@@ -11,7 +11,6 @@ for the service-account issuer discovery.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 from collections.abc import Iterator
 from typing import Any
@@ -70,7 +69,7 @@ def pod_templates(docs: list[Doc]) -> list[tuple[str, Doc, Doc]]:
 def service_settings(dep: Doc, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The service's Settings exactly as `agenttx serve` builds them from this container's
     args and env (the downward-API namespace filled in as the kubelet would)."""
-    from agenttx.commands import _add_settings_flags, settings_from_args
+    from agenttx.commands import serve_settings
 
     c = container(dep, "agenttx")
     for e in c["env"]:
@@ -79,10 +78,8 @@ def service_settings(dep: Doc, monkeypatch: pytest.MonkeyPatch) -> Any:
         else:
             assert e["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, e
             monkeypatch.setenv(e["name"], NS)
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    _add_settings_flags(sub.add_parser("serve"))
-    return settings_from_args(parser.parse_args(c["args"]))
+    assert c["args"][0] == "serve", c["args"]
+    return serve_settings(c["args"][1:])
 
 
 # ---- NetworkPolicies ------------------------------------------------------------------

@@ -294,8 +294,39 @@ def assert_hint_shape(hint: str) -> None:
     assert hint == hint.strip()
 
 
+# Only a tool that knows the category states these (toolsets); no text is classified so.
+STATED_ONLY = frozenset({"fdw_error", "fdw_unable_to_establish_connection"})
+
+
 def test_cases_cover_every_category() -> None:
-    assert {p.values[1] for p in CASES} == CATEGORIES
+    assert {p.values[1] for p in CASES} == CATEGORIES - STATED_ONLY
+
+
+@pytest.mark.parametrize("category", sorted(STATED_ONLY))
+def test_a_stated_category_is_kept_and_the_message_only_made_one_line(category: str) -> None:
+    raw = "Error executing tool create_ticket: project OPS is archived\n   ask an admin\r\n"
+    cleaned = clean_error(raw, category=category)
+    assert (cleaned.category, cleaned.hint, dict(cleaned.subject)) == (
+        category, "Error executing tool create_ticket: project OPS is archived ask an admin",
+        {})
+
+
+def test_a_stated_category_keeps_a_long_message_within_the_hint_limit() -> None:
+    cleaned = clean_error("upstream says: " + "x" * 500 + "\u2028tail", category="fdw_error")
+    assert cleaned.hint.startswith("upstream says: xxx") and cleaned.hint.endswith("…")
+    assert_hint_shape(cleaned.hint)
+
+
+def test_a_stated_category_does_not_stop_an_empty_message_from_getting_a_hint() -> None:
+    assert clean_error("  \n ", category="fdw_error") == \
+        clean_error("", category="fdw_error")
+    assert clean_error("", category="fdw_error").hint == EMPTY_MESSAGE_HINT
+
+
+def test_an_unknown_or_internal_stated_category_leaves_the_text_to_the_classifier() -> None:
+    raw = 'duplicate key value violates unique constraint "t_pkey"'
+    for category in ("bogus", "internal_error", None):
+        assert clean_error(raw, category=category).category == "unique_violation"
 
 
 # Full hints, so that a wording change is a deliberate one.

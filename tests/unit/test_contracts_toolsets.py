@@ -10,6 +10,7 @@ import pytest
 from agenttx.contracts.toolsets import (
     ToolsetError,
     from_spec,
+    header_value,
     parse_file,
     parse_published,
     resolve_compensation,
@@ -116,3 +117,27 @@ def test_published_bytes_are_stable():
     t = from_spec("ns", "n", 2, SPEC)
     assert to_json(t) == to_json(parse_published(to_json(t)))
     assert json.loads(to_json(t))["spec"]["tools"][1] == {"name": "send_email", "kind": "deferred"}
+
+
+# ---- header files ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("raw", "value"), [
+    (b"Bearer abc", "Bearer abc"),
+    (b"Bearer abc\n", "Bearer abc"),           # what `echo` and editors leave
+    (b"Bearer abc\r\n", "Bearer abc"),
+    (b"Bearer abc\n\n", "Bearer abc"),         # every trailing line break is dropped
+    (b"a\tb", "a\tb"),                         # tab is a valid field character
+    (b"Bearer a\nb", None),                    # a line break inside: header injection
+    (b"x\x00y", None),
+    (b"\n", None),                             # empty
+    (b"  ", None),
+    (b"\xff\xfe", None),                       # not UTF-8
+])
+def test_header_value_is_read_like_an_http_field_value(raw, value):
+    if value is not None:
+        assert header_value(raw) == value
+        return
+    with pytest.raises(ToolsetError) as exc:
+        header_value(raw, "key 'h' of Secret ns/s")
+    assert str(exc.value).startswith("key 'h' of Secret ns/s ")
+    assert "abc" not in str(exc.value) and "Bearer" not in str(exc.value)

@@ -67,3 +67,12 @@ def test_constraints_are_distinct_and_bounded():
         full = add_constraint(full, f"hint {i:05d} " + "x" * 180)
     assert sum(len(c) for c in full) <= MAX_CONSTRAINTS_BYTES
     assert add_constraint(full, "one more") == full
+
+
+def test_what_an_approval_would_show_must_fit_one_answer_when_approvals_apply():
+    big = Budget(read_keys=1, write_keys=1, gated_bytes=4 * MIB)
+    assert check(big) is None                       # no approval policy: not gated
+    message = check(big, approval=True)
+    assert message is not None and message.startswith("program limit exceeded")
+    assert "ask a person to approve" in message
+    assert check(Budget(read_keys=1, gated_bytes=MIB), approval=True) is None

@@ -172,7 +172,7 @@ def test_undone_entries_return_each_key_to_its_state_before_the_earliest_undone_
     assert undone_entries(done) == {kv("k"): Touched(0), kv("j"): Touched(7)}
 
 
-def test_a_rollback_deletes_the_undone_suffix_in_three_range_deletes_and_releases_its_lock():
+def test_a_rollback_deletes_the_undone_suffix_in_four_range_deletes_and_releases_its_lock():
     lock = b"/p/locks/fs/x"
     fs = FsWrite("f", "f", "/s/f", lock, True, False, None, "00")
     done = [_record(5, effect_keys=(b"/p/effkeys/-/e",), effects=1),
@@ -181,7 +181,9 @@ def test_a_rollback_deletes_the_undone_suffix_in_three_range_deletes_and_release
     plan = rollback_plan(KEYS, header(next_step_id=6), 30, new, done)
     deletes = [op for op in plan.success if isinstance(op, Delete)]
     assert Delete(KEYS.step(TX, 4), b"/p/tx/" + TX.encode() + b"/step0") in deletes
-    assert sum(1 for d in deletes if d.range_end) == 3   # steps, contexts, effects from 4 on
+    # steps, contexts, effects and gated calls from 4 on
+    assert sum(1 for d in deletes if d.range_end) == 4
+    assert Delete(KEYS.gate(TX, 4), b"/p/tx/" + TX.encode() + b"/gate0") in deletes
     assert Delete(b"/p/effkeys/-/e") in deletes and Delete(lock) in deletes
     assert cmp_value(lock, TX.encode()) in plan.compares
     assert decode_header(plan.success[0].value) == new

@@ -1,5 +1,6 @@
 """The outcomes benchmark's fault schedule: deterministic per seed, nested across rates,
-only where a fault can happen, and each garbled call fails the real argument checks."""
+only where a fault can happen, and each garbled call fails the real argument checks —
+AgentTx's and the baselines' own alike."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 
 from agenttx.args.jsonargs import ArgumentsError, parse_arguments
 from agenttx.tools.base import ToolError, validate_arguments
-from agenttx.tools.builtin import KvPut, RecordInsert
-from agenttx_bench.outcomes import tasks
+from agenttx.tools.builtin import BUILTIN_TOOLS, KvPut, RecordInsert
+from agenttx_bench.outcomes import direct, tasks
 from agenttx_bench.outcomes.faults import (
     GARBLES,
     FaultKind,
@@ -120,3 +121,72 @@ def test_a_wrong_value_is_found_later_as_a_missing_row(task):
             found = str(exc)
             break
     assert found is not None and ("not in" in found or "no row" in found), found
+
+
+def _planned_calls():
+    """(task, op, the JSON the agent emits) for every planned call of the suite."""
+    for task in tasks.suite(30, "run0001/"):
+        state, outputs = task.initial.copy(), {}
+        for op in task.ops:
+            args = render_local(op.args, outputs)
+            outputs[op.label] = apply(state, op.tool, args)
+            yield task, op, encode(args)
+
+
+BUILTINS = {cls.name: cls for cls in BUILTIN_TOOLS}
+
+
+def _agenttx_accepts(tool: str, text: str) -> bool:
+    try:
+        validate_arguments(parse_arguments(text), BUILTINS[tool].fields)
+    except (ArgumentsError, ToolError):
+        return False
+    return True
+
+
+def _baseline_accepts(tool: str, text: str) -> bool:
+    try:
+        direct.parse_arguments(tool, text)
+    except direct.ToolFailure:
+        return False
+    return True
+
+
+def test_the_baselines_accept_every_clean_call_and_refuse_every_garbled_one_as_agenttx_does():
+    """A transient fault must fail on every system alike: the baselines' own argument
+    checks agree with AgentTx's on every planned call and every way of garbling it."""
+    checked = 0
+    for task, op, text in _planned_calls():
+        assert _agenttx_accepts(op.tool, text), (task.name, op.label)
+        assert _baseline_accepts(op.tool, text), (task.name, op.label)
+        for variant in range(len(GARBLES)):
+            bad = garble(text, variant)
+            assert not _agenttx_accepts(op.tool, bad), (task.name, op.label, variant)
+            assert not _baseline_accepts(op.tool, bad), (task.name, op.label, variant)
+            checked += 1
+    assert checked == 3 * sum(len(t.ops) for t in SUITE)
+
+
+@pytest.mark.parametrize("tool, text, message", [
+    ("kv.put", '{"key": "a", "value": 1', "Expecting ',' delimiter at line 1 column 24"),
+    ("kv.put", '[1]', "invalid type: list, expected a map"),
+    ("kv.get", '{"kye": "a"}', "unknown field `kye`, expected one of `key`"),
+    ("fs.write", '{"path": "a"}', "missing field `contents`"),
+    ("kv.get", '{"key": 5}', "key: invalid type: 5, expected a string"),
+    ("record.get", '{"table": "t", "id": true}', "id: invalid type: true, expected a string or number"),
+    ("record.get", '{"table": "no-dash", "id": 1}',
+     'table: invalid value: "no-dash", expected a name matching [A-Za-z0-9_]{1,128}'),
+    ("kv.scan", '{}', "unknown tool kv.scan; tools: effect.stage, fs.read, fs.write, kv.delete, "
+     "kv.get, kv.put, record.get, record.insert"),
+])
+def test_the_baselines_say_what_is_wrong_with_a_call(tool, text, message):
+    with pytest.raises(direct.ToolFailure) as err:
+        direct.parse_arguments(tool, text)
+    assert str(err.value) == message
+
+
+def test_the_baselines_fill_in_absent_optional_arguments():
+    assert direct.parse_arguments("effect.stage", '{"channel": "webhook"}') == \
+        {"channel": "webhook", "payload": None, "idempotency_key": None}
+    assert direct.parse_arguments("record.insert", '{"table": "t", "id": 7}') == \
+        {"table": "t", "id": 7, "fields": None, "references": None}

@@ -56,7 +56,7 @@ from .plan import Task, encode, render_agenttx, render_local
 
 BUDGET_FACTOR = 3.0
 RETRIES = 3
-# Categories whose hint tells the agent what to change (SPEC §4): re-emit the call, or
+# Categories whose hint tells the agent what to change (docs/recovery.md): re-emit the call, or
 # re-derive the values from `next_step_id` on, or wait for a lock.
 RECOVERABLE = frozenset({
     "invalid_parameter_value", "invalid_text_representation", "foreign_key_violation",
@@ -74,6 +74,9 @@ class AgentRun:
     steps: int
     finished: bool  # the agent believes it completed the task
     note: str
+    # Idempotency keys of the effects a committed AgentTx transaction staged (what the
+    # runner waits to see delivered before judging); empty otherwise.
+    effects: tuple[str, ...] = ()
 
 
 def budget(task: Task) -> int:
@@ -157,7 +160,9 @@ class AgentTxAgent:
             if pos == len(task.ops):
                 try:
                     tx.commit()
-                    return AgentRun(steps, True, "committed")
+                    staged = tuple(out["idempotency_key"] for label, out in outputs.items()
+                                   if task.op(label).tool == "effect.stage")
+                    return AgentRun(steps, True, "committed", staged)
                 except Conflict:  # another agent changed what this one read: redo it all
                     tx, pos, outputs = self._begin(task), 0, {}
                     continue

@@ -5,7 +5,7 @@
 
 Starts its own etcd and two `agenttx serve` replicas on loopback, runs the suite's first
 N tasks fault-free and at every fault rate P on three systems (agenttx, naive_retry,
-restart), and prints a table (or, with --json, the report of SPEC §10.1) on stdout;
+restart), and prints a table (or, with --json, the report of docs/benchmarks.md) on stdout;
 progress goes to stderr. Exit status 0; 1 when a fault-free run did not end correct (the
 suite or a system is broken, so the figures mean nothing); 2 for bad flags.
 

@@ -9,7 +9,7 @@ drawn (uniformly, by another hash) among the kinds that can happen at that op:
 * ``transient`` (any op): the call fails once and succeeds when re-sent. It is made the
   way a model makes it — its first emission is malformed (an argument name misspelled,
   the JSON cut short, a required argument left out) — so every system sees a real error
-  from the same argument validation.
+  from its argument checks (the baselines' own refuse exactly what AgentTx's refuse).
 * ``replica_kill`` (any op): the AgentTx replica the agent talks to is SIGKILLed right
   before the call (the agent must move to the other replica). The baselines run their
   tools in-process, so for them a killed server is a call that fails, not applied.

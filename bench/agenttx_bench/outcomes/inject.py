@@ -14,7 +14,8 @@ The same `Injector` drives every system; only the `FaultEnv` differs:
 * `AgentTxEnv` — real processes: SIGKILL of the replica at the agent's target (restarted
   in the background, so the next kill always leaves a survivor), a contending AgentTx
   transaction holding the file's lock, a concurrent AgentTx transaction committing the
-  counter, a file deleted from the service's sandbox.
+  counter, a file deleted from the service's sandbox directory (as any other process on
+  the host could).
 * `DirectEnv` — the same actors without transactions: the contender writes the file
   directly and, when it abandons the draft, puts back the bytes it saw (compensation
   without isolation), the concurrent writer reads and writes the counter directly, and
@@ -34,10 +35,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from agenttx.client import Client, Transaction
-from agenttx.engine import sandbox
 from agenttx.testing import Service, ServiceProcess
 
-from .direct import DirectTools, ToolFailure
+from .direct import DirectTools, ToolFailure, confine, put_back
 from .faults import RECEIVER_FAILURES, Fault, FaultKind, garble, with_wrong_value
 from .oracle import ExternalWrite
 from .plan import Task
@@ -176,7 +176,7 @@ class AgentTxEnv:
             assert put.ok, put.hint
 
     def delete_file(self, path: str) -> None:
-        sandbox.confine(str(self.service.fs_root), path).unlink(missing_ok=True)
+        confine(pathlib.Path(self.service.fs_root), path).unlink(missing_ok=True)
 
     def refuse(self, key: str, times: int) -> None:
         self.receiver.refuse(key, times)
@@ -210,7 +210,7 @@ class DirectEnv:
         if self._contender is not None:
             file, prior = self._contender
             self._contender = None
-            sandbox.restore(file, prior)  # puts back what it saw, whoever wrote since
+            put_back(file, prior)  # puts back what it saw, whoever wrote since
 
     def concurrent_add(self, key: str, delta: int, target: str | None) -> None:
         self._run(self.tools.kv_add(key, delta))

@@ -57,7 +57,7 @@ class ExternalWrite:
 
 
 def apply(state: State, tool: str, args: dict[str, Any]) -> Any:
-    """The built-in tool `tool` on the model state (SPEC §3 outputs); returns its output."""
+    """The built-in tool `tool` on the model state (outputs as in README.md); returns its output."""
     if tool == "kv.put":
         state.kv[args["key"]] = args.get("value")
         return {"key": args["key"], "value": args.get("value")}

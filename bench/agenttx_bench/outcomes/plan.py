@@ -6,7 +6,7 @@ literal or one of three placeholders, each filled in the way the system at hand 
 
 * `Ref(label, path)` — a value from an earlier op's output. An AgentTx agent sends the
   reference itself (`${steps.N.path}`), so the service knows which step produced the
-  value (SPEC §5 provenance); a baseline agent copies the value, as a model would.
+  value (provenance, docs/recovery.md); a baseline agent copies the value, as a model would.
 * `Fmt(template)` — a string with `{label.path}` holes (AgentTx: interpolated
   `${steps.N.path}`; strings as-is, anything else as compact JSON, like the service).
 * `Calc(fn)` — a value the agent works out itself from earlier outputs (parsing a
@@ -83,12 +83,6 @@ class Task:
 
     def op(self, label: str) -> Op:
         return self.ops[self.index_of(label)]
-
-    @property
-    def tables(self) -> tuple[str, ...]:
-        names = {table for table, _ in self.initial.rows}
-        names |= {str(op.args["table"]) for op in self.ops if op.tool.startswith("record.")}
-        return tuple(sorted(names))
 
     def file_path(self, i: int) -> str:
         """The literal path op `i` reads or writes (following a Ref to the writing op)."""

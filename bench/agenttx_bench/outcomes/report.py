@@ -1,4 +1,4 @@
-"""Aggregate the runs into the pinned JSON report (SPEC §10.1) and a text table.
+"""Aggregate the runs into the pinned JSON report (docs/benchmarks.md) and a text table.
 
 Why apart from the runner: the figures must follow from the per-run records alone (each
 record carries its verdict and the hashes it was judged by), so anyone can recompute a

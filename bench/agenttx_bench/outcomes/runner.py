@@ -2,14 +2,17 @@
 
 Why one process drives it all: the three systems must see the same tasks, the same
 faults and the same machine at the same time. One real etcd and one two-replica
-`agenttx serve` deployment are started (`agenttx.testing.serve`); the baselines write the
-same etcd under their own prefix. Runs are interleaved task by task (for each rate, for
-each task: agenttx, naive_retry, restart), so drift in machine load hits all three alike.
+`agenttx serve` deployment are started (`agenttx.testing.serve`); the baselines' own
+tools (`direct`) keep their data in the same etcd under a prefix of their own. Runs are
+interleaved task by task (for each rate, for each task: agenttx, naive_retry, restart),
+so drift in machine load hits all three alike.
 
 One run: a fresh namespace; the task's initial state written (AgentTx: one setup
 transaction; baselines: directly), the agent run through the injector (wall time taken
-around this part only), AgentTx's outbox drained (a condition wait: redeliveries after a
-receiver failure are part of the outcome), the final state read back and judged.
+around this part only), AgentTx's effects settled (a condition wait on the receiver:
+every effect the committed transaction staged, and every refused one, confirmed —
+redeliveries after a receiver failure are part of the outcome), the final state read
+back (`dump`: AgentTx through its client) and judged.
 
 What it must never do: reuse a namespace, leave a process running after `Bench` exits,
 or wait for time instead of a condition.
@@ -28,15 +31,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from agenttx.client import Client
-from agenttx.contracts.layout import Keys
-from agenttx.effects.channels import ChannelRegistry
-from agenttx.store.client import Store, connect
 from agenttx.testing import Service, scratch_dir, serve
 
 from . import oracle, tasks
 from .agents import AgentRun, AgentTxAgent, NaiveRetryAgent, RestartAgent
 from .direct import DirectTools
-from .dump import read_state
+from .dump import items_of, read_agenttx
 from .faults import Fault, FaultSchedule
 from .inject import AgentTxEnv, DirectEnv, FaultEnv, Injector
 from .receiver import Receiver
@@ -83,13 +83,11 @@ class Bench:
             extra_args=list(SERVE_ARGS), workdir=self.workdir, prefix=AGENTTX_PREFIX))
         self.loop = asyncio.Runner()
         self._stack.callback(self.loop.close)
-        self.store: Store = connect(self.service.etcd_endpoints)
-        self._stack.callback(lambda: self.run(self.store.close()))
         direct_root = self.workdir / "direct-sandbox"
         direct_root.mkdir()
-        self.direct = DirectTools(self.store, DIRECT_PREFIX, direct_root,
-                                  ChannelRegistry.from_config(channels))
-        self.agenttx_keys = Keys(AGENTTX_PREFIX)
+        self.direct = DirectTools(self.service.etcd_endpoints[0], DIRECT_PREFIX, direct_root,
+                                  {"webhook": self.receiver.url})
+        self._stack.callback(lambda: self.run(self.direct.close()))
         self.agenttx_env = AgentTxEnv(self.service, self.receiver)
         self.direct_env = DirectEnv(self.direct, self.receiver, self.run)
         self.agenttx_agent = AgentTxAgent(self.service.targets)
@@ -127,15 +125,13 @@ class Bench:
                 if not r.ok:
                     raise RuntimeError(f"setup of {task.name}: {tool} failed: {r.hint}")
 
-    def _settle(self) -> None:
-        """Wait until the outbox is empty: every committed effect delivered."""
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        prefix = self.agenttx_keys.outbox_prefix()
-        while self.run(self.store.count(prefix)) > 0:
-            if time.monotonic() > deadline:
-                self._progress(f"outbox not drained after {SETTLE_TIMEOUT_S:g}s; judging as is")
-                return
-            time.sleep(0.05)
+    def _settle(self, task: tasks.Task, effects: Sequence[str]) -> None:
+        """Wait until the receiver confirmed every effect of `effects` (what the committed
+        transaction staged) and every key of the run it refused (being redelivered)."""
+        missing = self.receiver.settle(task.ns, effects, SETTLE_TIMEOUT_S)
+        if missing:
+            self._progress(f"{len(missing)} effect(s) not delivered after "
+                           f"{SETTLE_TIMEOUT_S:g}s; judging as is")
 
     def new_task(self, index: int) -> tasks.Task:
         """Task `index` of the suite in a namespace no other run has used."""
@@ -153,15 +149,19 @@ class Bench:
     def agent(self, system: str) -> AgentTxAgent | NaiveRetryAgent | RestartAgent:
         return self.agenttx_agent if system == "agenttx" else self.baselines[system]
 
-    def read_back(self, task: tasks.Task, system: str) -> State:
-        """What the run left committed (for AgentTx: once every effect was delivered)."""
+    def read_back(self, task: tasks.Task, system: str, effects: Sequence[str] = ()) -> State:
+        """What the run left committed, read as a user would: AgentTx through its client
+        once its effects settled (`effects`: the keys its committed transaction staged),
+        the baselines from their own storage; effects from the receiver."""
+        items = items_of(task)
         if system == "agenttx":
-            self._settle()
-            root, keys = self.service.fs_root, self.agenttx_keys
+            self.agenttx_env.ready()  # a replica killed during the run serves again
+            self._settle(task, effects)
+            state = read_agenttx(self.agenttx_agent.client, items)
         else:
-            root, keys = self.direct.fs_root, self.direct.keys
-        return self.run(read_state(self.store, keys, pathlib.Path(root), self.receiver,
-                                   task.ns, task.tables))
+            state = self.run(self.direct.read(items))
+        state.effects = self.receiver.delivered(task.ns)
+        return state
 
     def run_task(self, index: int, system: str, p: float,
                  faults: dict[int, Fault]) -> RunRecord:
@@ -174,7 +174,7 @@ class Bench:
         result: AgentRun = self.agent(system).run(task, injector)
         wall = time.perf_counter() - started
         resent = self.agenttx_agent.resent_steps - resent_before if system == "agenttx" else 0
-        final = self.read_back(task, system)
+        final = self.read_back(task, system, result.effects)
         verdict = oracle.judge(final, oracle.expect(task, injector.externals), task.ns)
         return RunRecord(task.name, system, p, verdict.outcome.value, verdict.final_sha256,
                          verdict.expected_sha256, result.steps, round(wall, 4),

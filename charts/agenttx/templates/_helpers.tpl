@@ -22,6 +22,13 @@
 {{- printf "%s-operator" (include "agenttx.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "agenttx.console.fullname" -}}
+{{- printf "%s-console" (include "agenttx.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Where the console finds the CA of the service's certificate (tls.*). */}}
+{{- define "agenttx.console.serviceCADir" -}}/etc/agenttx/service-ca{{- end }}
+
 {{- define "agenttx.etcd.fullname" -}}
 {{- printf "%s-etcd" (include "agenttx.fullname" .) | trunc 52 | trimSuffix "-" }}
 {{- end }}

@@ -1,14 +1,16 @@
-"""`agenttx tx list | show ID | rollback ID [--to-step K]`: open transactions, for people.
+"""`agenttx tx list | show ID | rollback ID [--to-step K]`: transactions, for people.
 
-Why: an operator must be able to see what agents left open and resolve a transaction
-stuck waiting for a manual rollback (an undo that failed, SPEC §5.5) without writing
-code. Everything goes through the public client (`agenttx.client`), like any other
-caller: `ListTransactions` (paged), `GetTransaction`, `RollbackTransaction`.
+Why: an operator (or the agent's author) must be able to see what agents left open, what
+happened to a transaction that ended, and resolve one stuck waiting for a manual
+rollback (an undo that failed, docs/recovery.md), without writing code. Everything goes
+through the public client (`agenttx.client`), like any other caller: `ListTransactions`
+(paged), `GetTransactionHistory` and `GetTransaction`, `RollbackTransaction`.
 
-Exit codes (pinned, SPEC §10.1): 0 done, 1 rollback incomplete (the compensation errors
-on stderr), 2 usage (bad flags, an out-of-range --to-step), 3 not found; 4 for any other
-service error (unreachable, unauthenticated, ...). Tables go to stdout, progress and
-errors to stderr, so `--json` output can be piped as is.
+Exit codes (agenttx.cli.exits, docs/client.md): 0 done, 1 rollback incomplete (the
+compensation errors on stderr), 2 usage (bad flags, an out-of-range or negative
+--to-step; one line), 3 not found, 4 permission denied, 6 the service failed or could
+not be reached. Tables go to stdout, progress and errors to stderr, so `--json` output
+can be piped as is. Never a traceback.
 
 It must never roll back anything it was not asked to, and never retry a rollback.
 """
@@ -26,17 +28,23 @@ from typing import Any, TextIO
 from ..client import (
     AgentTxError,
     Client,
-    InvalidArgument,
+    HistoryStep,
     NotFound,
+    TransactionHistory,
     TransactionState,
     TransactionStatus,
     TransactionSummary,
 )
 from ..client.cliargs import add_connection_arguments, connection_from_args
+from . import exits
 
-EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_ERROR = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_NOT_FOUND = exits.OK, exits.INCOMPLETE, \
+    exits.USAGE, exits.NOT_FOUND
 DEFAULT_PAGE_SIZE = 500
 CONTEXT_SHOWN_CHARS = 200
+# Columns of the steps table; --json has the full texts (up to 4096 bytes each).
+ARGUMENTS_SHOWN_CHARS = 60
+RESULT_SHOWN_CHARS = 120
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +64,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     ls.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     ls.add_argument("--status", type=str.upper, default=None,
                     choices=[TransactionStatus.ACTIVE.value,
-                             TransactionStatus.AWAITING_ROLLBACK.value],
+                             TransactionStatus.AWAITING_ROLLBACK.value,
+                             TransactionStatus.AWAITING_APPROVAL.value],
                     help="only transactions in this status (default: every open one)")
     ls.add_argument("--agent-prefix", default="", metavar="PREFIX",
                     help="only agents whose id starts with PREFIX")
@@ -64,17 +73,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help=f"transactions per ListTransactions call (default {DEFAULT_PAGE_SIZE})")
     add_connection_arguments(ls)
 
-    show = sub.add_parser("show", help="one transaction: status, next step, constraints, "
-                          "context log")
+    show = sub.add_parser("show", help="one transaction, open or ended: how it stands or "
+                          "how it ended, and every step sent")
     show.add_argument("transaction_id", metavar="ID")
-    show.add_argument("--json", action="store_true", help="print the full view as JSON")
+    show.add_argument("--json", action="store_true", help="print the full history as JSON")
     add_connection_arguments(show)
 
     rb = sub.add_parser("rollback", help="undo a transaction (abort), or its steps >= K")
     rb.add_argument("transaction_id", metavar="ID")
-    rb.add_argument("--to-step", type=int, default=None, metavar="K",
-                    help="undo the live steps >= K and keep the transaction open at step K "
-                    "(default: abort it, undoing everything)")
+    rb.add_argument("--to-step", default=None, metavar="K",
+                    help="undo the live steps >= K (K >= 1) and keep the transaction open at "
+                    "step K (default, or 0: abort it, undoing everything)")
     rb.add_argument("--reason", default="agenttx tx rollback", help="logged by the service")
     add_connection_arguments(rb)
 
@@ -125,39 +134,98 @@ def list_table(rows: Sequence[TransactionSummary], now: float) -> str:
     return "\n".join(lines)
 
 
-def show_text(v: TransactionState, now: float) -> str:
-    lines = [f"transaction    {v.transaction_id}",
-             f"status         {v.status.value}",
-             f"agent          {v.agent_id or '-'}",
-             f"principal      {v.principal or '-'}",
-             f"next step      {v.next_step_id}",
-             f"global resets  {v.global_resets}"]
-    if v.created_at > 0:
-        lines.append(f"created        {_when(v.created_at, now)}")
-    if v.updated_at > 0:
-        lines.append(f"updated        {_when(v.updated_at, now)}")
-    if v.status is TransactionStatus.AWAITING_ROLLBACK:
-        lines.append("               an undo failed: steps and commit are refused until "
-                     f"`agenttx tx rollback {v.transaction_id}` succeeds")
-    lines.append("constraints" + ("    (none)" if not v.constraints else ""))
-    lines += [f"  - {c}" for c in v.constraints]
-    lines.append("context" + ("        (none)" if not v.context else ""))
-    width = max((len(c.tool_name) for c in v.context), default=0)
-    for c in v.context:
-        text = c.raw_context.replace("\n", " ")
-        if len(text) > CONTEXT_SHOWN_CHARS:
-            text = text[:CONTEXT_SHOWN_CHARS] + "…"
-        lines.append(f"  step {c.step_id:<4} {c.tool_name:<{width}}  {text}")
+def _clip(text: str, limit: int) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _result(step: HistoryStep) -> str:
+    if step.ok:
+        return _clip(step.output_json, RESULT_SHOWN_CHARS)
+    return f"{step.category}: {step.hint}"
+
+
+def steps_table(steps: Sequence[HistoryStep]) -> list[str]:
+    header = ("STEP", "TOOL", "STATUS", "STRATEGY", "AT", "ARGUMENTS", "RESULT")
+    cells = [(str(s.step_id), s.tool, s.status.value, s.strategy.value,
+              datetime.datetime.fromtimestamp(s.at, datetime.UTC).strftime("%H:%M:%S"),
+              _clip(s.arguments_json, ARGUMENTS_SHOWN_CHARS), _result(s)) for s in steps]
+    widths = [max(len(c[i]) for c in (header, *cells)) for i in range(len(header) - 1)]
+    return ["  " + "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)),
+                             row[-1]]).rstrip()
+            for row in (header, *cells)]
+
+
+def show_text(h: TransactionHistory, v: TransactionState | None, now: float) -> str:
+    """The history's header, the live state of an open transaction, then the steps."""
+    lines = [f"transaction    {h.transaction_id}",
+             f"status         {h.status.value}",
+             f"agent          {h.agent_id or '-'}",
+             f"principal      {h.principal or '-'}"]
+    if h.created_at > 0:
+        lines.append(f"created        {_when(h.created_at, now)}")
+    if h.ended:
+        lines.append(f"ended          {_when(h.ended_at, now)} by {h.ended_by or '-'}")
+        if h.reason:
+            lines.append(f"reason         {h.reason}")
+        if h.status is TransactionStatus.COMMITTED:
+            lines.append(f"committed      {_n(h.steps_committed, 'step')}, "
+                         f"{_n(h.effects, 'effect')}")
+    if v is not None:
+        lines += [f"next step      {v.next_step_id}",
+                  f"global resets  {v.global_resets}"]
+        if v.updated_at > 0:
+            lines.append(f"updated        {_when(v.updated_at, now)}")
+        if v.status is TransactionStatus.AWAITING_ROLLBACK:
+            lines.append("               an undo failed: steps and commit are refused until "
+                         f"`agenttx tx rollback {v.transaction_id}` succeeds")
+        if v.status is TransactionStatus.AWAITING_APPROVAL:
+            lines.append("               its commit awaits a person's approval: "
+                         "`agenttx approvals list` shows what it would do")
+        lines.append("constraints" + ("    (none)" if not v.constraints else ""))
+        lines += [f"  - {c}" for c in v.constraints]
+        lines.append("context" + ("        (none)" if not v.context else ""))
+        width = max((len(c.tool_name) for c in v.context), default=0)
+        for c in v.context:
+            text = _clip(c.raw_context, CONTEXT_SHOWN_CHARS + 1)
+            lines.append(f"  step {c.step_id:<4} {c.tool_name:<{width}}  {text}")
+    lines.append("steps" + ("          (none sent)" if not h.steps else ""))
+    if h.steps:
+        lines += steps_table(h.steps)
     return "\n".join(lines)
 
 
-def show_json(v: TransactionState) -> dict[str, Any]:
-    return {"transaction_id": v.transaction_id, "status": v.status.value,
-            "agent_id": v.agent_id, "principal": v.principal, "next_step_id": v.next_step_id,
-            "global_resets": v.global_resets, "constraints": list(v.constraints),
-            "context": [{"step_id": c.step_id, "tool_name": c.tool_name,
-                         "raw_context": c.raw_context} for c in v.context],
-            "created_at": v.created_at, "updated_at": v.updated_at}
+def show_json(h: TransactionHistory, v: TransactionState | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "transaction_id": h.transaction_id, "status": h.status.value, "agent_id": h.agent_id,
+        "principal": h.principal, "created_at": h.created_at, "ended_at": h.ended_at,
+        "ended_by": h.ended_by, "reason": h.reason, "steps_committed": h.steps_committed,
+        "effects": h.effects,
+        "steps": [{"step_id": s.step_id, "tool": s.tool, "status": s.status.value,
+                   "error_category": s.category, "clean_hint": s.hint,
+                   "strategy": s.strategy.value, "at": s.at,
+                   "arguments_json": s.arguments_json, "output_json": s.output_json}
+                  for s in h.steps]}
+    if v is not None:
+        doc.update({"next_step_id": v.next_step_id, "global_resets": v.global_resets,
+                    "constraints": list(v.constraints),
+                    "context": [{"step_id": c.step_id, "tool_name": c.tool_name,
+                                 "raw_context": c.raw_context} for c in v.context],
+                    "updated_at": v.updated_at})
+    return doc
+
+
+def to_step_value(text: str | None) -> int | None:
+    """--to-step: None or an integer >= 0 (0 aborts, as in the API); else a usage error."""
+    if text is None:
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"--to-step must be an integer >= 1 (or 0 to abort), not {text!r}")
+    return value
 
 
 # ---- commands --------------------------------------------------------------------------
@@ -187,12 +255,18 @@ def _list(client: Client, ns: argparse.Namespace, out: TextIO, err: TextIO) -> i
 
 
 def _show(client: Client, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    view = client.get(ns.transaction_id)
+    history = client.history(ns.transaction_id)
+    view: TransactionState | None = None
+    if not history.ended:
+        try:
+            view = client.get(ns.transaction_id)
+        except NotFound:  # it ended since: show it as the history has it
+            history = client.history(ns.transaction_id)
     if ns.json:
-        json.dump(show_json(view), out, indent=2)
+        json.dump(show_json(history, view), out, indent=2)
         out.write("\n")
     else:
-        print(show_text(view, time.time()), file=out)
+        print(show_text(history, view, time.time()), file=out)
     return EXIT_OK
 
 
@@ -236,6 +310,8 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None,
         print("agenttx tx list: --page-size must be at least 1", file=err)
         return EXIT_USAGE
     try:
+        if ns.sub == "rollback":
+            ns.to_step = to_step_value(ns.to_step)
         connection = connection_from_args(ns)
         client = Client(**connection)
     except (ValueError, OSError) as exc:
@@ -244,13 +320,10 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None,
     try:
         with client:
             return COMMANDS[ns.sub](client, ns, out, err)
-    except NotFound as exc:
-        print(f"agenttx tx {ns.sub}: {exc.details}", file=err)
-        return EXIT_NOT_FOUND
-    except InvalidArgument as exc:
-        print(f"agenttx tx {ns.sub}: {exc.details}", file=err)
-        return EXIT_USAGE
     except AgentTxError as exc:
-        print(f"agenttx tx {ns.sub}: {exc.code.name}: {exc.details} "
-              f"(target {connection['target']})", file=err)
-        return EXIT_ERROR
+        code = exits.for_error(exc)
+        where = f" (target {connection['target']})" if code == exits.SERVICE else ""
+        what = exc.details if code in (exits.NOT_FOUND, exits.USAGE) else \
+            f"{exc.code.name}: {exc.details}"
+        print(f"agenttx tx {ns.sub}: {what}{where}", file=err)
+        return code

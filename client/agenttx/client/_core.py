@@ -1,8 +1,7 @@
-"""What the sync and asyncio clients share: channel settings, request building, response
-conversion and the transaction bookkeeping. Pure (no I/O), so both front ends behave
-identically and only differ in how they await a call.
+"""What the sync and asyncio clients share below the flows (`_flows`): channel settings,
+request building and response conversion. Pure (no I/O).
 
-Retry rules live here and in one place:
+The retry rules (carried out by `_flows`):
 - reads (GetTransaction, ListTransactions) are retried by gRPC itself on UNAVAILABLE, with
   exponential backoff, through the channel's service config (gRPC's retry policy, see
   https://github.com/grpc/proposal/blob/master/A6-client-retries.md), and then on each
@@ -29,16 +28,25 @@ import grpc
 
 from ..v1 import agenttx_pb2 as pb
 from ._version import __version__
-from .errors import AgentTxError, NotFound, OutcomeUnknown, TransactionEnded
+from .errors import AgentTxError, NotFound, OutcomeUnknown
 from .types import (
+    Approval,
+    ApprovalPage,
     CommitResult,
     ContextEntry,
+    DeadLetter,
+    DeadLetterPage,
+    Decision,
+    GatedStep,
+    HistoryStep,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     StepStatus,
     Strategy,
     ToolInfo,
+    TransactionHistory,
     TransactionPage,
     TransactionState,
     TransactionStatus,
@@ -227,6 +235,30 @@ def list_request(page_size: int, page_token: str, status: TransactionStatus | st
                                       agent_id_prefix=agent_id_prefix)
 
 
+def dead_letter_request(idempotency_key: str, reason: str, principal: str
+                        ) -> pb.DeadLetterRequest:
+    if not isinstance(idempotency_key, str) or not idempotency_key:
+        raise ValueError("idempotency_key must be a non-empty string")
+    return pb.DeadLetterRequest(idempotency_key=idempotency_key, reason=reason,
+                                principal=principal)
+
+
+def dead_letters_request(page_size: int, page_token: str) -> pb.ListDeadLettersRequest:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive integer, not {page_size!r}")
+    return pb.ListDeadLettersRequest(page_size=page_size, page_token=page_token)
+
+
+def approvals_request(page_size: int, page_token: str) -> pb.ListApprovalsRequest:
+    return pb.ListApprovalsRequest(page_size=page_size, page_token=page_token)
+
+
+def decide_request(tx_id: str, digest: str, approve: bool, reason: str
+                   ) -> pb.DecideApprovalRequest:
+    return pb.DecideApprovalRequest(transaction_id=tx_id, digest=digest, approve=approve,
+                                    reason=reason)
+
+
 # ---- responses -------------------------------------------------------------------------
 
 def _strategy(value: int) -> Strategy:
@@ -241,12 +273,8 @@ def _tx_status(value: int) -> TransactionStatus:
 
 
 def step_result(resp: pb.ExecuteStepResponse, step_id: int, tool: str) -> StepResult:
-    try:
-        status = StepStatus(pb.StepStatus.Name(resp.status).removeprefix("STEP_STATUS_"))
-    except ValueError:
-        status = StepStatus.UNSPECIFIED
     return StepResult(
-        step_id=step_id, tool=tool, status=status,
+        step_id=step_id, tool=tool, status=_step_status(resp.status),
         output=json.loads(resp.output_json) if resp.output_json else None,
         output_json=resp.output_json, category=resp.error_category, hint=resp.clean_hint,
         strategy=_strategy(resp.strategy), rollback_to_step=resp.rollback_to_step,
@@ -268,7 +296,26 @@ def transaction_state(resp: pb.GetTransactionResponse) -> TransactionState:
 
 def commit_result(resp: pb.CommitTransactionResponse) -> CommitResult:
     return CommitResult(resp.committed, resp.steps_committed, resp.effects_dispatched,
-                        tuple(resp.dispatch_errors))
+                        tuple(resp.dispatch_errors), resp.awaiting_approval,
+                        resp.approval_digest)
+
+
+def _step_status(value: int) -> StepStatus:
+    try:
+        return StepStatus(pb.StepStatus.Name(value).removeprefix("STEP_STATUS_"))
+    except ValueError:
+        return StepStatus.UNSPECIFIED
+
+
+def transaction_history(resp: pb.TransactionHistory) -> TransactionHistory:
+    return TransactionHistory(
+        transaction_id=resp.transaction_id, status=_tx_status(resp.status),
+        agent_id=resp.agent_id, principal=resp.principal, created_at=resp.created_at,
+        ended_at=resp.ended_at, ended_by=resp.ended_by, reason=resp.reason,
+        steps_committed=resp.steps_committed, effects=resp.effects,
+        steps=tuple(HistoryStep(s.step_id, s.tool, _step_status(s.status), s.error_category,
+                                s.clean_hint, _strategy(s.strategy), s.at, s.arguments_json,
+                                s.output_json) for s in resp.steps))
 
 
 def rollback_result(resp: pb.RollbackTransactionResponse) -> RollbackResult:
@@ -281,6 +328,32 @@ def transaction_page(resp: pb.ListTransactionsResponse) -> TransactionPage:
         TransactionSummary(t.transaction_id, _tx_status(t.status), t.agent_id, t.principal,
                            t.next_step_id, t.created_at, t.updated_at)
         for t in resp.transactions), resp.next_page_token)
+
+
+def dead_letter_page(resp: pb.ListDeadLettersResponse) -> DeadLetterPage:
+    return DeadLetterPage(tuple(
+        DeadLetter(d.idempotency_key, d.transaction_id, d.channel, d.kind, d.last_error,
+                   d.attempts, d.dead_at, d.principal)
+        for d in resp.dead_letters), resp.next_page_token)
+
+
+def service_status(resp: pb.ServiceStatus) -> ServiceStatus:
+    return ServiceStatus(resp.etcd_reachable, resp.open_transactions, resp.outbox_depth,
+                         resp.dead_letters, resp.approvals_pending, resp.replica_id,
+                         resp.version, resp.principal, resp.admin)
+
+
+def approval_page(resp: pb.ListApprovalsResponse) -> ApprovalPage:
+    return ApprovalPage(tuple(
+        Approval(a.transaction_id, a.principal, a.agent_id, a.digest,
+                 tuple(GatedStep(g.step_id, g.tool, g.channel, g.arguments_json)
+                       for g in a.gated), tuple(a.write_keys), a.requested_at, a.expires_at)
+        for a in resp.approvals), resp.next_page_token)
+
+
+def decision(resp: pb.DecideApprovalResponse) -> Decision:
+    return Decision(_tx_status(resp.status), resp.steps_committed, resp.effects_dispatched,
+                    tuple(resp.dispatch_errors))
 
 
 # ---- lost answers ----------------------------------------------------------------------
@@ -361,52 +434,3 @@ def unknown_outcome(rpc: str, tx_id: str, cause: AgentTxError, *, step_id: int |
         seen = "nothing could be re-read"
     return OutcomeUnknown(f"{head}; {seen}", code=cause.code, rpc=rpc, transaction_id=tx_id,
                           step_id=step_id, state=state, ended=ended, reread_error=reread_error)
-
-
-# ---- the transaction bookkeeping shared by Transaction and AsyncTransaction -----------
-
-class TxState:
-    """Step id tracking and the end-of-block rules, with no I/O."""
-
-    def __init__(self, tx_id: str, next_step_id: int, hints_seen: int | None = 0) -> None:
-        self.id = tx_id
-        self.next_step_id = next_step_id
-        self.finished = False  # committed, aborted, or ended by the service
-        # How many constraints (distinct hints) the last answer carried; None: unknown.
-        self.hints_seen = hints_seen
-
-    def check_open(self) -> None:
-        if self.finished or self.next_step_id == 0:
-            raise TransactionEnded(f"transaction {self.id} has ended; begin a new one")
-
-    def after_step(self, result: StepResult) -> None:
-        self.next_step_id = result.next_step_id
-        self.hints_seen = len(result.constraints)
-        if result.ended:
-            self.finished = True
-
-    def after_state(self, state: TransactionState) -> None:
-        self.next_step_id = state.next_step_id
-        self.hints_seen = len(state.constraints)
-
-    def after_rollback(self, result: RollbackResult, to_step: int | None) -> None:
-        self.next_step_id = result.next_step_id
-        if result.rolled_back and not to_step:
-            self.finished = True
-
-    def after_error(self, err: AgentTxError) -> None:
-        """NOT_FOUND, a commit conflict and an ended re-read all mean: the transaction is gone."""
-        if isinstance(err, NotFound) or err.code == grpc.StatusCode.ABORTED or \
-                (isinstance(err, OutcomeUnknown) and err.ended):
-            self.finished = True
-        elif isinstance(err, OutcomeUnknown) and err.state is not None:
-            self.after_state(err.state)
-
-    @staticmethod
-    def abort_reason(exc_type: type[BaseException]) -> str:
-        return f"agenttx.client: exception {exc_type.__name__} left the transaction block"
-
-
-def note_failed_abort(exc: BaseException | None, tx_id: str, detail: str) -> None:
-    if exc is not None:
-        exc.add_note(f"agenttx: aborting transaction {tx_id} after this exception failed: {detail}")

@@ -1,38 +1,47 @@
 """`Client` and `Transaction`: the blocking front end (grpcio's sync channel).
 
-Must never retry a commit or a rollback, nor re-send a step a re-read has not cleared
-(see `_core`), and must never leave a transaction open by accident: leaving a `with`
-block by an exception aborts it.
+Why so thin: every rule (what is retried, what a lost answer means, what leaving a
+`with` block does) lives once, in `_flows`, shared with the asyncio client; this module
+only opens channels and runs a flow's calls one after the other (`Client._drive`).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import grpc
 
-from ..v1 import agenttx_pb2 as pb
 from ..v1 import agenttx_pb2_grpc as pb_grpc
-from . import _core
-from ._core import TLS, TxState
-from .errors import AgentTxError, NotFound, OutcomeUnknown, from_rpc_error
+from . import _core, _flows
+from ._core import TLS
+from ._flows import Flow, Sleep
+from .errors import AgentTxError, from_rpc_error
 from .types import (
+    Approval,
+    ApprovalPage,
     CommitResult,
+    DeadLetter,
+    DeadLetterPage,
+    Decision,
     Policy,
     RollbackResult,
+    ServiceStatus,
     StepResult,
     ToolInfo,
+    TransactionHistory,
     TransactionPage,
     TransactionState,
     TransactionStatus,
     TransactionSummary,
 )
 
-log = logging.getLogger("agenttx.client")
+T = TypeVar("T")
+
+CLOSED = "this agenttx Client is closed"
 
 
 class Client(_core.HasEndpoints):
@@ -42,9 +51,7 @@ class Client(_core.HasEndpoints):
     >>> with Client("127.0.0.1:50051") as client:
     ...     with client.transaction(agent_id="billing-agent") as tx:
     ...         tx.step("kv.put", {"key": "invoice-7", "value": {"total": 42}})
-    ...         r = tx.step("kv.get", {"key": "customer-9"})
-    ...         if not r.ok:
-    ...             print(r.category, r.hint, r.strategy, r.next_step_id)
+    ...         tx.step("kv.put", {"key": "invoice-7-status", "value": "open"})
     ...     # leaving the block committed the transaction
 
     `target` is `host:port` (any gRPC target: a Kubernetes Service, a load balancer), or a
@@ -57,7 +64,8 @@ class Client(_core.HasEndpoints):
 
     A step whose answer is lost is re-sent once when a re-read of the transaction proves
     it did not apply (`resend_lost_steps=False` turns that off); `resent_steps` counts
-    those re-sends. Commits and rollbacks are never retried.
+    those re-sends. Commits and rollbacks are never retried. After `close()` every call
+    raises ValueError.
     """
 
     def __init__(self, target: str | Sequence[str] = _core.DEFAULT_TARGET, *,
@@ -85,7 +93,7 @@ class Client(_core.HasEndpoints):
             return opened[1]
         with self._lock:
             if self._closed:
-                raise ValueError("this agenttx Client is closed")
+                raise ValueError(CLOSED)
             if target not in self._channels:
                 if self._tls is None:
                     channel = grpc.insecure_channel(target, options=self._options)
@@ -105,15 +113,24 @@ class Client(_core.HasEndpoints):
         self._endpoints.after_error(err.code)
         raise err
 
-    def _read(self, method: str, request: Any) -> Any:
-        """A read: tried on each replica in turn while they do not answer."""
-        for left in reversed(range(len(self.targets))):
-            try:
-                return self._call(method, request)
-            except AgentTxError as err:
-                if left == 0 or err.code not in _core.UNKNOWN_OUTCOME_CODES:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _drive(self, flow: Flow[T]) -> T:
+        """Run a flow (`_flows`): send each call it yields, hand back the answer or
+        throw the error in, until it returns."""
+        try:
+            call = next(flow)
+            while True:
+                if isinstance(call, Sleep):
+                    time.sleep(call.seconds)
+                    call = flow.send(None)
+                    continue
+                try:
+                    answer = self._call(call.method, call.request, call.timeout)
+                except AgentTxError as err:
+                    call = flow.throw(err)
+                else:
+                    call = flow.send(answer)
+        except StopIteration as done:
+            return cast(T, done.value)
 
     def close(self) -> None:
         with self._lock:
@@ -129,59 +146,65 @@ class Client(_core.HasEndpoints):
 
     # -- transactions
     def begin(self, *, agent_id: str = "", metadata: Mapping[str, str] | None = None,
-              policy: Policy | Mapping[str, Any] | None = None) -> Transaction:
+              policy: Policy | Mapping[str, Any] | None = None,
+              strict: bool = False) -> Transaction:
         """Begin a transaction you end yourself with `commit()` or `rollback()`."""
-        resp = self._call("BeginTransaction", _core.begin_request(agent_id, metadata, policy))
-        return Transaction(self, resp.transaction_id, resp.next_step_id)
+        tx_id, next_step = self._drive(_flows.begin(agent_id, metadata, policy))
+        return Transaction(self, tx_id, next_step, strict=strict)
 
     def transaction(self, *, agent_id: str = "", metadata: Mapping[str, str] | None = None,
-                    policy: Policy | Mapping[str, Any] | None = None) -> Transaction:
-        """Begin a transaction for a `with` block: leaving it normally commits, leaving it
-        by an exception aborts (and re-raises)."""
-        return self.begin(agent_id=agent_id, metadata=metadata, policy=policy)
+                    policy: Policy | Mapping[str, Any] | None = None,
+                    strict: bool = False) -> Transaction:
+        """Begin a transaction for a `with` block (see `Transaction` for what leaving it
+        does). With `strict=True` a failed step raises `StepFailed` at once."""
+        return self.begin(agent_id=agent_id, metadata=metadata, policy=policy, strict=strict)
 
-    def attach(self, transaction_id: str, *, next_step_id: int | None = None) -> Transaction:
+    def attach(self, transaction_id: str, *, next_step_id: int | None = None,
+               strict: bool = False) -> Transaction:
         """A `Transaction` for an open transaction begun elsewhere (another process, an
         MCP session). Without `next_step_id` it is read from the service."""
+        _flows.attach_state(transaction_id, next_step_id)
         if next_step_id is not None:
-            return Transaction(self, transaction_id, next_step_id, hints_seen=None)
+            return Transaction(self, transaction_id, next_step_id, hints_seen=None,
+                               strict=strict)
         state = self.get(transaction_id)
         return Transaction(self, transaction_id, state.next_step_id,
-                           hints_seen=len(state.constraints))
+                           hints_seen=len(state.constraints), strict=strict)
 
     def get(self, transaction_id: str) -> TransactionState:
-        """GetTransaction. Retried with backoff while the service is UNAVAILABLE, then on
-        the other replicas."""
-        resp = self._read("GetTransaction", pb.GetTransactionRequest(transaction_id=transaction_id))
-        return _core.transaction_state(resp)
+        """GetTransaction (open transactions only; ended ones answer NOT_FOUND). Retried
+        with backoff while the service is UNAVAILABLE, then on the other replicas."""
+        return self._drive(_flows.get(transaction_id, len(self.targets)))
+
+    def history(self, transaction_id: str) -> TransactionHistory:
+        """GetTransactionHistory: an open or ended transaction's record (status, who ended
+        it and why, every step sent). Owner or admin; NOT_FOUND otherwise, and once the
+        service's history retention has passed."""
+        return self._drive(_flows.history(transaction_id, len(self.targets)))
 
     def rollback(self, transaction_id: str, to_step: int | None = None, *,
                  reason: str = "") -> RollbackResult:
         """RollbackTransaction for any open transaction (e.g. to resolve a MANUAL one).
         Not retried: a failed call may have undone some steps; call it again to resume."""
-        resp = self._call("RollbackTransaction",
-                          _core.rollback_request(transaction_id, to_step, reason))
-        return _core.rollback_result(resp)
+        return self._drive(_flows.rollback(transaction_id, to_step, reason))
 
     def tools(self) -> list[ToolInfo]:
         """The tools this caller may use (ListTools): built-ins, plug-ins and the toolsets
         in scope, each with its description, input schema and kind."""
-        resp = self._read("ListTools", pb.ListToolsRequest())
-        return _core.tool_infos(resp)
+        return self._drive(_flows.tools(len(self.targets)))
 
     def list_page(self, *, page_size: int = 100, page_token: str = "",
                   status: TransactionStatus | str | None = None,
                   agent_id_prefix: str = "") -> TransactionPage:
-        """One page of ListTransactions (open transactions, admin principals only once
-        authentication is on)."""
-        resp = self._read("ListTransactions",
-                          _core.list_request(page_size, page_token, status, agent_id_prefix))
-        return _core.transaction_page(resp)
+        """One page of ListTransactions: open transactions, every principal's for an
+        admin, the caller's own otherwise."""
+        return self._drive(_flows.list_page(page_size, page_token, status, agent_id_prefix,
+                                            len(self.targets)))
 
     def list_transactions(self, *, status: TransactionStatus | str | None = None,
                           agent_id_prefix: str = "", page_size: int = 100
                           ) -> Iterator[TransactionSummary]:
-        """Every open transaction, fetched a page at a time."""
+        """Every open transaction the caller may see, fetched a page at a time."""
         token = ""
         while True:
             page = self.list_page(page_size=page_size, page_token=token, status=status,
@@ -191,142 +214,154 @@ class Client(_core.HasEndpoints):
             if not token:
                 return
 
+    # -- approvals (approvers and admins once authentication is on; docs/approvals.md)
+    def approvals_page(self, *, page_size: int = 100, page_token: str = "") -> ApprovalPage:
+        """One page of ListApprovals: transactions awaiting a person's approval that
+        this caller may decide."""
+        return self._drive(_flows.approvals_page(page_size, page_token, len(self.targets)))
+
+    def approvals(self, *, page_size: int = 100) -> Iterator[Approval]:
+        """Every pending approval this caller may decide, fetched a page at a time."""
+        token = ""
+        while True:
+            page = self.approvals_page(page_size=page_size, page_token=token)
+            yield from page.approvals
+            token = page.next_page_token
+            if not token:
+                return
+
+    def approve(self, transaction_id: str, digest: str, *, reason: str = "") -> Decision:
+        """DecideApproval(approve): commit the transaction now, if `digest` is the one
+        pending (what `approvals()` showed); `FailedPrecondition` otherwise, and nothing
+        changes. The principal that began it may not (`PermissionDenied`). The result's
+        `status` is COMMITTED, or ABORTED when another transaction committed a key it
+        read or wrote meanwhile (then it was compensated). Never retried."""
+        return self._drive(_flows.decide(transaction_id, digest, True, reason))
+
+    def reject(self, transaction_id: str, reason: str) -> Decision:
+        """DecideApproval(reject): undo everything the transaction did and end it as
+        REJECTED with `reason` (required; its history and the audit log keep it). No
+        digest: rejecting is always safe. Never retried."""
+        return self._drive(_flows.decide(transaction_id, "", False, reason))
+
+    # -- dead letters (admin principals once authentication is on)
+    def dead_letters_page(self, *, page_size: int = 100,
+                            page_token: str = "") -> DeadLetterPage:
+        """One page of ListDeadLetters: effects their receivers refused for good."""
+        return self._drive(_flows.dead_letters_page(page_size, page_token,
+                                                      len(self.targets)))
+
+    def dead_letters(self, *, page_size: int = 100) -> Iterator[DeadLetter]:
+        """Every dead letter, fetched a page at a time."""
+        token = ""
+        while True:
+            page = self.dead_letters_page(page_size=page_size, page_token=token)
+            yield from page.dead_letters
+            token = page.next_page_token
+            if not token:
+                return
+
+    def retry_dead_letter(self, idempotency_key: str, *, principal: str = "",
+                          reason: str = "") -> None:
+        """RetryDeadLetter: back into the outbox with the same idempotency key; the
+        dispatcher sends it within its poll interval. `principal` says whose letter when
+        several principals have one with this key. Not retried on a lost answer: list
+        the dead letters to see whether it applied."""
+        self._drive(_flows.dead_letter_action("RetryDeadLetter", idempotency_key, reason,
+                                                   principal))
+
+    def discard_dead_letter(self, idempotency_key: str, reason: str, *,
+                            principal: str = "") -> None:
+        """DiscardDeadLetter: drop it for good; `reason` (required) goes into the
+        service's audit log. The key stays reserved for the retention window."""
+        self._drive(_flows.dead_letter_action("DiscardDeadLetter", idempotency_key, reason,
+                                                   principal))
+
+    # -- status
+    def status(self) -> ServiceStatus:
+        """GetServiceStatus: etcd reachability, open transactions, outbox depth, dead
+        letters (the deployment's counts), and who the service takes this caller for."""
+        return self._drive(_flows.status(len(self.targets)))
+
 
 class Transaction:
     """An open transaction. It tracks the step id itself: `step()` sends the step the
     service asked for last (`next_step_id`), whatever happened before.
 
-    Usable as a context manager (`Client.transaction()` returns one): leaving the block
-    normally commits; leaving it by an exception aborts and re-raises; after an explicit
-    `commit()` or abort (`rollback()` without `to_step`), or once the service ended the
-    transaction (an ABORT strategy, a commit conflict), leaving does nothing more. A
-    `rollback(to_step=k)` rewinds and keeps the transaction open, so the block still
-    commits at its end.
+    As a context manager (`Client.transaction()` returns one), leaving the block:
+    - after an explicit `commit()` or abort (`rollback()` without `to_step`): nothing more;
+    - by an exception: aborts (undoing everything) and re-raises;
+    - normally, when the service ended the transaction (an ABORT strategy, the idle
+      reaper, an admin's rollback): raises `TransactionEnded` with its history;
+    - normally, when a step answer in the block failed: rolls back and raises
+      `StepFailed` (the first failure): code that recovered says so with `commit()`;
+    - otherwise: commits (a lost race raises `Conflict`).
+    A `rollback(to_step=k)` rewinds and keeps the transaction open.
     """
 
     def __init__(self, client: Client, transaction_id: str, next_step_id: int, *,
-                 hints_seen: int | None = 0) -> None:
+                 hints_seen: int | None = 0, strict: bool = False) -> None:
         self.client = client
-        self._state = TxState(transaction_id, next_step_id, hints_seen)
+        self._core = _flows.TxCore(client, transaction_id, next_step_id,
+                                   hints_seen=hints_seen, strict=strict)
 
     @property
     def id(self) -> str:
-        return self._state.id
+        return self._core.id
 
     @property
     def next_step_id(self) -> int:
-        return self._state.next_step_id
+        return self._core.next_step_id
+
+    @property
+    def strict(self) -> bool:
+        return self._core.strict
 
     @property
     def finished(self) -> bool:
-        """True once committed, aborted, or ended by the service."""
-        return self._state.finished
+        """True once committed or aborted here, or ended by the service."""
+        return self._core.finished
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} next_step_id={self.next_step_id}>"
-
-    def _fail(self, err: AgentTxError) -> AgentTxError:
-        self._state.after_error(err)
-        return err
-
-    def _reread(self, rpc: str, cause: AgentTxError, step_id: int | None = None,
-                resend_error: AgentTxError | None = None) -> OutcomeUnknown:
-        try:
-            reread: TransactionState | AgentTxError = self.client.get(self.id)
-        except AgentTxError as err:
-            reread = err
-        return _core.reread_outcome(rpc, self.id, cause, reread, step_id=step_id,
-                                    resend_error=resend_error)
-
-    def _resend_lost(self, request: Any, step_id: int, cause: AgentTxError,
-                     timeout: float | None) -> Any:
-        """The answer to step `step_id` was lost: re-read, and send the step once more if
-        the re-read proves it did not apply; otherwise raise `OutcomeUnknown`."""
-        seen = self._reread("ExecuteStep", cause, step_id)
-        if not (self.client.resend_lost_steps and seen.state is not None
-                and _core.may_resend(seen.state, step_id, self._state.hints_seen)):
-            raise self._fail(seen) from None
-        self.client.resent_steps += 1
-        log.info("re-sending step %d of transaction %s to %s after %s", step_id, self.id,
-                 self.client.target, cause.code.name)
-        try:
-            return self.client._call("ExecuteStep", request, timeout)
-        except AgentTxError as again:
-            if again.code not in _core.UNKNOWN_OUTCOME_CODES | _core.MOVED_ON_CODES:
-                raise self._fail(again) from None
-            raise self._fail(self._reread("ExecuteStep", cause, step_id, again)) from None
 
     def step(self, tool: str, args: Mapping[str, Any] | str | None = None, *, context: str = "",
              timeout: float | None = None) -> StepResult:
         """Run one tool step. `args` is a JSON object (a dict, or a str already encoded);
         `context` is stored in the context log when the step succeeds. A failed step
-        returns a StepResult with `ok` False; only RPC errors raise."""
-        self._state.check_open()
-        step_id = self._state.next_step_id
-        request = _core.step_request(self.id, step_id, tool, args, context)
-        try:
-            resp = self.client._call("ExecuteStep", request, timeout)
-        except AgentTxError as err:
-            if err.code not in _core.UNKNOWN_OUTCOME_CODES:
-                raise self._fail(err) from None
-            resp = self._resend_lost(request, step_id, err, timeout)
-        result = _core.step_result(resp, step_id, tool)
-        self._state.after_step(result)
-        return result
+        returns a StepResult with `ok` False (raises `StepFailed` when strict); RPC
+        errors raise."""
+        return self.client._drive(self._core.step(tool, args, context, timeout))
 
     def get(self) -> TransactionState:
         """GetTransaction (and refresh the tracked step id from it)."""
-        try:
-            state = self.client.get(self.id)
-        except AgentTxError as err:
-            raise self._fail(err) from None
-        self._state.after_state(state)
-        return state
+        return self.client._drive(self._core.get())
 
-    def commit(self, *, timeout: float | None = None) -> CommitResult:
+    def history(self) -> TransactionHistory:
+        """GetTransactionHistory of this transaction, open or ended."""
+        return self.client._drive(self._core.history())
+
+    def commit(self, *, timeout: float | None = None,
+               wait_for_approval: float | None = None) -> CommitResult:
         """Commit every live step atomically. Raises `Conflict` when another transaction
-        committed a key this one read or wrote (this one is then undone and gone)."""
-        try:
-            resp = self.client._call("CommitTransaction",
-                                     pb.CommitTransactionRequest(transaction_id=self.id), timeout)
-        except AgentTxError as err:
-            if err.code in _core.UNKNOWN_OUTCOME_CODES:
-                err = self._reread("CommitTransaction", err)
-            raise self._fail(err) from None
-        self._state.finished = True
-        return _core.commit_result(resp)
+        committed a key this one read or wrote (this one is then undone and gone), and
+        `TransactionEnded` when the service had already ended it.
+
+        When steps need a person's approval the result says `awaiting_approval` (nothing
+        committed yet); with `wait_for_approval=SECONDS` this waits up to that long for
+        the decision and returns it (`status` COMMITTED, REJECTED or ABORTED; see
+        `CommitResult`)."""
+        return self.client._drive(self._core.commit(timeout, wait_for_approval))
 
     def rollback(self, to_step: int | None = None, *, reason: str = "",
                  timeout: float | None = None) -> RollbackResult:
-        """Without `to_step` (or 0): abort, undoing everything. With `to_step=k`: undo the
-        live steps >= k and continue from step k."""
-        try:
-            resp = self.client._call("RollbackTransaction",
-                                     _core.rollback_request(self.id, to_step, reason), timeout)
-        except AgentTxError as err:
-            if err.code in _core.UNKNOWN_OUTCOME_CODES:
-                err = self._reread("RollbackTransaction", err)
-            raise self._fail(err) from None
-        result = _core.rollback_result(resp)
-        self._state.after_rollback(result, to_step)
-        return result
+        """Without `to_step` (or 0): abort, undoing everything. With `to_step=k` (>= 1):
+        undo the live steps >= k and continue from step k."""
+        return self.client._drive(self._core.rollback(to_step, reason, timeout))
 
     def __enter__(self) -> Transaction:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._state.finished:
-            return
-        if exc_type is None:
-            self.commit()
-            return
-        try:
-            result = self.rollback(reason=TxState.abort_reason(exc_type))
-        except NotFound:
-            return  # already gone: nothing left to undo
-        except AgentTxError as err:
-            _core.note_failed_abort(exc, self.id, str(err))
-            return
-        if not result.rolled_back:
-            _core.note_failed_abort(exc, self.id, "; ".join(result.compensation_errors))
+        self.client._drive(self._core.exit(exc_type, exc))

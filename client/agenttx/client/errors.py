@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import grpc
 
 if TYPE_CHECKING:
-    from .types import TransactionState
+    from .types import RollbackResult, StepResult, Strategy, TransactionHistory, TransactionState
 
 
 class AgentTxError(Exception):
@@ -59,7 +59,57 @@ class NotFound(AgentTxError):
 
 
 class TransactionEnded(NotFound):
-    """Raised locally, without a call, for a step on a transaction this client saw end."""
+    """The service ended the transaction (an ABORT strategy, the idle reaper, an admin's
+    rollback, a rejected approval): nothing of it was committed.
+
+    Raised when a `with client.transaction()` block is left normally after that
+    happened, with `.history` the transaction's `TransactionHistory` (how it ended, who
+    ended it and why, every step sent), or None when the history could not be read.
+    Also raised, without a call and with no history, for a step on a transaction this
+    client saw end."""
+
+    def __init__(self, details: str, *, code: grpc.StatusCode | None = None,
+                 transaction_id: str = "", history: TransactionHistory | None = None) -> None:
+        super().__init__(details, code=code)
+        self.transaction_id = transaction_id
+        self.history = history
+
+
+class StepFailed(AgentTxError):
+    """A step failed and nobody said the failure was handled.
+
+    Raised when a `with client.transaction()` block is left normally after a step answer
+    in it was a failure (the client rolls the transaction back first: work whose author
+    may not have looked at a failure is never committed; call `tx.commit()` yourself
+    when your code recovered), and, with `strict=True`, by the failing `tx.step(...)`
+    itself (the transaction then stays open).
+
+    `.result` is the first failing `StepResult`; `.hint`, `.category` and `.strategy`
+    are its; `.rollback` the `RollbackResult` of the client's rollback when leaving the
+    block (None with strict). `.code` is OK: the RPC succeeded, the step did not."""
+
+    default_code = grpc.StatusCode.OK
+
+    def __init__(self, result: StepResult, *, rollback: RollbackResult | None = None) -> None:
+        where = f"step {result.step_id} ({result.tool}) failed: {result.category}: {result.hint}"
+        super().__init__(where)
+        self.result = result
+        self.rollback = rollback
+
+    @property
+    def hint(self) -> str:
+        return self.result.hint
+
+    @property
+    def category(self) -> str:
+        return self.result.category
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.result.strategy
+
+    def __str__(self) -> str:
+        return self.details
 
 
 class FailedPrecondition(AgentTxError):
@@ -159,5 +209,6 @@ def from_rpc_error(err: Any) -> AgentTxError:
 __all__ = [
     "AgentTxError", "Cancelled", "Conflict", "DeadlineExceeded", "FailedPrecondition",
     "Internal", "InvalidArgument", "NotFound", "OutcomeUnknown", "PermissionDenied",
-    "ResourceExhausted", "TransactionEnded", "Unauthenticated", "Unavailable", "from_rpc_error",
+    "ResourceExhausted", "StepFailed", "TransactionEnded", "Unauthenticated", "Unavailable",
+    "from_rpc_error",
 ]

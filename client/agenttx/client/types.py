@@ -11,6 +11,7 @@ Pure: no I/O and no protobuf import here (conversion lives in `_core`).
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,8 @@ class StepStatus(enum.StrEnum):
 
 
 class TransactionStatus(enum.StrEnum):
-    """Open transactions are ACTIVE or AWAITING_ROLLBACK; ended ones answer NOT_FOUND."""
+    """Open: ACTIVE, AWAITING_ROLLBACK, AWAITING_APPROVAL. Ended: COMMITTED, ABORTED,
+    EXPIRED, REJECTED (GetTransaction answers NOT_FOUND for those; the history has them)."""
 
     UNSPECIFIED = "UNSPECIFIED"
     ACTIVE = "ACTIVE"
@@ -43,6 +45,16 @@ class TransactionStatus(enum.StrEnum):
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
     EXPIRED = "EXPIRED"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    REJECTED = "REJECTED"
+
+    @property
+    def ended(self) -> bool:
+        return self in _ENDED
+
+
+_ENDED = frozenset({TransactionStatus.COMMITTED, TransactionStatus.ABORTED,
+                    TransactionStatus.EXPIRED, TransactionStatus.REJECTED})
 
 
 @dataclass(frozen=True)
@@ -126,10 +138,35 @@ class TransactionState:
 
 @dataclass(frozen=True)
 class CommitResult:
+    """What `tx.commit()` returns. `committed` True: every live step applied and
+    `status` is COMMITTED. When the transaction has steps that need a person's approval,
+    nothing was committed: `awaiting_approval` is True, `approval_digest` names what is
+    to be approved and `status` is AWAITING_APPROVAL.
+
+    `tx.commit(wait_for_approval=SECONDS)` then waits (reading the history, with
+    backoff) until an approver decided: `status` is COMMITTED (`committed` True,
+    `steps_committed` and `effects` from the history; effects delivered by the approver's
+    call are not counted in `effects_dispatched`), REJECTED (rejected, or the approval
+    timed out) or ABORTED (approved, but a key it read or wrote was committed by another
+    transaction meanwhile; compensated), with `history` saying who decided and why;
+    still AWAITING_APPROVAL when the wait ran out (the decision is then in
+    `client.history(tx.id)` later)."""
+
     committed: bool
     steps_committed: int
     effects_dispatched: int
     dispatch_errors: tuple[str, ...]
+    awaiting_approval: bool = False
+    approval_digest: str = ""
+    status: TransactionStatus = TransactionStatus.UNSPECIFIED
+    history: TransactionHistory | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is TransactionStatus.UNSPECIFIED:
+            status = (TransactionStatus.COMMITTED if self.committed
+                      else TransactionStatus.AWAITING_APPROVAL if self.awaiting_approval
+                      else TransactionStatus.UNSPECIFIED)
+            object.__setattr__(self, "status", status)
 
 
 @dataclass(frozen=True)
@@ -170,12 +207,160 @@ class ToolInfo:
 
 
 @dataclass(frozen=True)
+class DeadLetter:
+    """A committed effect (or deferred toolset call) its receiver refused for good,
+    waiting for an admin (`retry_dead_letter` / `discard_dead_letter`). `channel` is the
+    effect's channel or the deferred call's tool; `kind` is `effect` or `deferred`;
+    `attempts` counts every delivery attempt, the one made at commit included;
+    `dead_at` is unix seconds; `principal` owns the idempotency key ("" without
+    authentication)."""
+
+    idempotency_key: str
+    transaction_id: str
+    channel: str
+    kind: str
+    last_error: str
+    attempts: int
+    dead_at: float
+    principal: str = ""
+
+
+@dataclass(frozen=True)
+class DeadLetterPage:
+    dead_letters: tuple[DeadLetter, ...] = field(default_factory=tuple)
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True)
+class HistoryStep:
+    """One step sent to a transaction, failed attempts included (a step id repeats when
+    it was retried). `arguments_json` / `output_json` are at most 4096 bytes of UTF-8,
+    a longer text cut and ended with "…"; `at` is unix seconds."""
+
+    step_id: int
+    tool: str
+    status: StepStatus
+    category: str
+    hint: str
+    strategy: Strategy
+    at: float
+    arguments_json: str
+    output_json: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status is StepStatus.SUCCESS
+
+
+@dataclass(frozen=True)
+class TransactionHistory:
+    """`client.history(tx_id)`: what happened to a transaction, open or ended (kept for
+    the service's --history-retention-s after it ends). `ended_at` is 0 and `ended_by`
+    "" while it is open; `ended_by` is the principal that ended it ("" without
+    authentication) or "reaper"; `reason` the abort reason or the rollback's reason
+    ("" on commit); `steps_committed` and `effects` are what the commit applied (0
+    unless COMMITTED)."""
+
+    transaction_id: str
+    status: TransactionStatus
+    agent_id: str
+    principal: str
+    created_at: float
+    ended_at: float
+    ended_by: str
+    reason: str
+    steps_committed: int
+    effects: int
+    steps: tuple[HistoryStep, ...]
+
+    @property
+    def ended(self) -> bool:
+        return self.status.ended
+
+
+@dataclass(frozen=True)
 class TransactionPage:
     transactions: tuple[TransactionSummary, ...] = field(default_factory=tuple)
     next_page_token: str = ""
 
 
+@dataclass(frozen=True)
+class ServiceStatus:
+    """`client.status()`: a summary of the deployment for status displays. The counts
+    are the whole deployment's (every principal's) and 0 when `etcd_reachable` is False
+    (the replica that answered could not reach etcd); `principal` and `admin` say who
+    the service took the caller for ("" and True without authentication)."""
+
+    etcd_reachable: bool
+    open_transactions: int
+    outbox_depth: int
+    dead_letters: int
+    approvals_pending: int
+    replica_id: str
+    version: str
+    principal: str = ""
+    admin: bool = False
+
+
+@dataclass(frozen=True)
+class GatedStep:
+    """One step of a pending approval: a call whose tool needs approval (`channel` ""),
+    or an `effect.stage` on a gated channel. `arguments` is what it was called with,
+    references resolved (an effect: its payload); `arguments_json` the same as sent."""
+
+    step_id: int
+    tool: str
+    channel: str
+    arguments_json: str
+
+    @property
+    def arguments(self) -> Any:
+        return json.loads(self.arguments_json) if self.arguments_json else None
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A transaction awaiting a person's approval (`client.approvals()`): who began it,
+    the steps that need approval, the keys its commit writes, and `digest`, which
+    `client.approve(...)` must name: approving binds to exactly this. Times are unix
+    seconds; at `expires_at` the service rejects it."""
+
+    transaction_id: str
+    principal: str
+    agent_id: str
+    digest: str
+    gated: tuple[GatedStep, ...]
+    write_keys: tuple[str, ...]
+    requested_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class ApprovalPage:
+    approvals: tuple[Approval, ...] = field(default_factory=tuple)
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `client.approve(...)` / `client.reject(...)` return: `status` is COMMITTED
+    (approved and committed now; `effects_dispatched` delivered during the call,
+    `dispatch_errors` retried in the background), REJECTED, or ABORTED (approved, but
+    another transaction had committed a key this one read or wrote: compensated)."""
+
+    status: TransactionStatus
+    steps_committed: int = 0
+    effects_dispatched: int = 0
+    dispatch_errors: tuple[str, ...] = ()
+
+    @property
+    def committed(self) -> bool:
+        return self.status is TransactionStatus.COMMITTED
+
+
 __all__ = [
-    "CommitResult", "ContextEntry", "Policy", "RollbackResult", "StepResult", "StepStatus",
-    "Strategy", "ToolInfo", "TransactionPage", "TransactionState", "TransactionStatus", "TransactionSummary",
+    "Approval", "ApprovalPage", "CommitResult", "ContextEntry", "DeadLetter", "DeadLetterPage",
+    "Decision", "GatedStep", "HistoryStep", "Policy", "ServiceStatus",
+    "RollbackResult", "StepResult", "StepStatus", "Strategy", "ToolInfo", "TransactionHistory",
+    "TransactionPage", "TransactionState", "TransactionStatus", "TransactionSummary",
 ]

@@ -402,7 +402,7 @@ class DecideApprovalResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[TransactionStatus, str]] = ..., steps_committed: _Optional[int] = ..., effects_dispatched: _Optional[int] = ..., dispatch_errors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
-    __slots__ = ("idempotency_key", "transaction_id", "channel", "kind", "last_error", "attempts", "dead_at")
+    __slots__ = ("idempotency_key", "transaction_id", "channel", "kind", "last_error", "attempts", "dead_at", "principal")
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
@@ -410,6 +410,7 @@ class DeadLetter(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     DEAD_AT_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     idempotency_key: str
     transaction_id: str
     channel: str
@@ -417,7 +418,8 @@ class DeadLetter(_message.Message):
     last_error: str
     attempts: int
     dead_at: float
-    def __init__(self, idempotency_key: _Optional[str] = ..., transaction_id: _Optional[str] = ..., channel: _Optional[str] = ..., kind: _Optional[str] = ..., last_error: _Optional[str] = ..., attempts: _Optional[int] = ..., dead_at: _Optional[float] = ...) -> None: ...
+    principal: str
+    def __init__(self, idempotency_key: _Optional[str] = ..., transaction_id: _Optional[str] = ..., channel: _Optional[str] = ..., kind: _Optional[str] = ..., last_error: _Optional[str] = ..., attempts: _Optional[int] = ..., dead_at: _Optional[float] = ..., principal: _Optional[str] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
@@ -436,12 +438,14 @@ class ListDeadLettersResponse(_message.Message):
     def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class DeadLetterRequest(_message.Message):
-    __slots__ = ("idempotency_key", "reason")
+    __slots__ = ("idempotency_key", "reason", "principal")
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     idempotency_key: str
     reason: str
-    def __init__(self, idempotency_key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    principal: str
+    def __init__(self, idempotency_key: _Optional[str] = ..., reason: _Optional[str] = ..., principal: _Optional[str] = ...) -> None: ...
 
 class DeadLetterResponse(_message.Message):
     __slots__ = ()
@@ -452,7 +456,7 @@ class GetServiceStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServiceStatus(_message.Message):
-    __slots__ = ("etcd_reachable", "open_transactions", "outbox_depth", "dead_letters", "approvals_pending", "replica_id", "version")
+    __slots__ = ("etcd_reachable", "open_transactions", "outbox_depth", "dead_letters", "approvals_pending", "replica_id", "version", "principal", "admin")
     ETCD_REACHABLE_FIELD_NUMBER: _ClassVar[int]
     OPEN_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     OUTBOX_DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -460,6 +464,8 @@ class ServiceStatus(_message.Message):
     APPROVALS_PENDING_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
     etcd_reachable: bool
     open_transactions: int
     outbox_depth: int
@@ -467,4 +473,6 @@ class ServiceStatus(_message.Message):
     approvals_pending: int
     replica_id: str
     version: str
-    def __init__(self, etcd_reachable: _Optional[bool] = ..., open_transactions: _Optional[int] = ..., outbox_depth: _Optional[int] = ..., dead_letters: _Optional[int] = ..., approvals_pending: _Optional[int] = ..., replica_id: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    principal: str
+    admin: bool
+    def __init__(self, etcd_reachable: _Optional[bool] = ..., open_transactions: _Optional[int] = ..., outbox_depth: _Optional[int] = ..., dead_letters: _Optional[int] = ..., approvals_pending: _Optional[int] = ..., replica_id: _Optional[str] = ..., version: _Optional[str] = ..., principal: _Optional[str] = ..., admin: _Optional[bool] = ...) -> None: ...

@@ -21,12 +21,14 @@ from agenttx.v1 import agenttx_pb2 as pb
 from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
 
 from ..auth import Authenticator, RateLimiter
+from ..effects.deadletters import DeadLetters
 from ..engine.engine import Engine
 from ..engine.model import ANONYMOUS, Caller
-from ..errors import AgentTxError, InvalidArgument
+from ..errors import AgentTxError, FailedPrecondition, InvalidArgument
 from ..observability import context as rpc_context
 from ..observability import tracing
 from ..observability.metrics import METRICS
+from ..version import __version__
 from . import convert, validation
 from .status import status_for
 
@@ -36,7 +38,8 @@ T = TypeVar("T")
 
 SERVICE_NAME = "agenttx.v1.AgentTxService"
 STATE_CHANGING = frozenset({"BeginTransaction", "ExecuteStep", "CommitTransaction",
-                            "RollbackTransaction"})
+                            "RollbackTransaction", "DecideApproval", "RetryDeadLetter",
+                            "DiscardDeadLetter"})
 _MESSAGES: dict[str, tuple[Any, Any]] = {
     "BeginTransaction": (pb.BeginTransactionRequest, pb.BeginTransactionResponse),
     "ExecuteStep": (pb.ExecuteStepRequest, pb.ExecuteStepResponse),
@@ -44,7 +47,14 @@ _MESSAGES: dict[str, tuple[Any, Any]] = {
     "RollbackTransaction": (pb.RollbackTransactionRequest, pb.RollbackTransactionResponse),
     "GetTransaction": (pb.GetTransactionRequest, pb.GetTransactionResponse),
     "ListTransactions": (pb.ListTransactionsRequest, pb.ListTransactionsResponse),
+    "GetTransactionHistory": (pb.GetTransactionHistoryRequest, pb.TransactionHistory),
     "ListTools": (pb.ListToolsRequest, pb.ListToolsResponse),
+    "ListApprovals": (pb.ListApprovalsRequest, pb.ListApprovalsResponse),
+    "DecideApproval": (pb.DecideApprovalRequest, pb.DecideApprovalResponse),
+    "ListDeadLetters": (pb.ListDeadLettersRequest, pb.ListDeadLettersResponse),
+    "RetryDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
+    "DiscardDeadLetter": (pb.DeadLetterRequest, pb.DeadLetterResponse),
+    "GetServiceStatus": (pb.GetServiceStatusRequest, pb.ServiceStatus),
 }
 
 
@@ -126,11 +136,18 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
 class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
     def __init__(self, engine: Engine, authenticator: Authenticator | None = None,
-                 rate: RateLimiter | None = None, admins: frozenset[str] = frozenset()) -> None:
+                 rate: RateLimiter | None = None, admins: frozenset[str] = frozenset(),
+                 *, dead_letters: DeadLetters | None = None) -> None:
         self.engine = engine
         self.authenticator = authenticator
         self.rate = rate
         self.admins = admins
+        self.dead_letters = dead_letters
+
+    def _dead_letters(self) -> DeadLetters:
+        if self.dead_letters is None:  # a servicer built without them (tests of other RPCs)
+            raise FailedPrecondition("this replica serves no dead letters")
+        return self.dead_letters
 
     async def authenticate(self, context: grpc.aio.ServicerContext) -> Caller:
         """Who is calling (SPEC §9): UNAUTHENTICATED without valid credentials, then
@@ -142,7 +159,8 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
             self.rate.check(principal)
         return Caller(principal=principal.name, namespace=principal.namespace,
                       admin=principal.is_admin or principal.name in self.admins,
-                      authenticated=self.authenticator.mode.value != "none")
+                      authenticated=self.authenticator.mode.value != "none",
+                      approver=principal.is_approver)
 
     @_guard
     async def BeginTransaction(self, request: pb.BeginTransactionRequest,  # noqa: N802
@@ -194,7 +212,6 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
     async def ListTransactions(self, request: pb.ListTransactionsRequest,  # noqa: N802
                                context: grpc.aio.ServicerContext,
                                caller: Caller) -> pb.ListTransactionsResponse:
-        validation.may_list(caller)
         page = await self.engine.list(
             caller, page_size=request.page_size,
             page_token=validation.page_token(request.page_token),
@@ -203,7 +220,87 @@ class AgentTxServicer(pb_grpc.AgentTxServiceServicer):
         return convert.list_response(page)
 
     @_guard
+    async def GetTransactionHistory(self, request: pb.GetTransactionHistoryRequest,  # noqa: N802
+                                    context: grpc.aio.ServicerContext,
+                                    caller: Caller) -> pb.TransactionHistory:
+        tx_id = validation.known_transaction_id(validation.transaction_id(request.transaction_id))
+        return convert.history_response(await self.engine.history(tx_id, caller))
+
+    @_guard
     async def ListTools(self, request: pb.ListToolsRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext,
                         caller: Caller) -> pb.ListToolsResponse:
-        return convert.tools_response(self.engine.list_tools(caller))
+        return convert.tools_response(await self.engine.list_tools(caller))
+
+    # ---- approvals (approvers and admins; docs/approvals.md) ----------------------------
+
+    @_guard
+    async def ListApprovals(self, request: pb.ListApprovalsRequest,  # noqa: N802
+                            context: grpc.aio.ServicerContext,
+                            caller: Caller) -> pb.ListApprovalsResponse:
+        page = await self.engine.list_approvals(
+            caller, page_size=request.page_size,
+            page_token=validation.page_token(request.page_token))
+        return convert.approvals_response(page)
+
+    @_guard
+    async def DecideApproval(self, request: pb.DecideApprovalRequest,  # noqa: N802
+                             context: grpc.aio.ServicerContext,
+                             caller: Caller) -> pb.DecideApprovalResponse:
+        tx_id = validation.transaction_id(request.transaction_id)
+        validation.decision(request.digest, request.approve, request.reason)
+        tx_id = validation.known_transaction_id(tx_id)
+        # the audit line (SPEC §9): who decided what, and how it ended (`outcome`)
+        rpc_context.note(tx=tx_id, decision="approve" if request.approve else "reject",
+                         reason=request.reason[:200])
+        outcome = await self.engine.decide(tx_id, request.digest, request.approve,
+                                           request.reason, caller)
+        return convert.decision_response(outcome)
+
+    @_guard
+    async def GetServiceStatus(self, request: pb.GetServiceStatusRequest,  # noqa: N802
+                               context: grpc.aio.ServicerContext,
+                               caller: Caller) -> pb.ServiceStatus:
+        counts = await self.engine.status()
+        return convert.status_response(counts, self.engine.replica_id, __version__, caller)
+
+    # ---- dead letters (admin only) ------------------------------------------------------
+
+    @_guard
+    async def ListDeadLetters(self, request: pb.ListDeadLettersRequest,  # noqa: N802
+                              context: grpc.aio.ServicerContext,
+                              caller: Caller) -> pb.ListDeadLettersResponse:
+        validation.admin_only(caller, "ListDeadLetters")
+        page = await self._dead_letters().list(request.page_size, request.page_token)
+        rpc_context.note(listed=len(page.letters))
+        return convert.dead_letters_response(page)
+
+    @_guard
+    async def RetryDeadLetter(self, request: pb.DeadLetterRequest,  # noqa: N802
+                              context: grpc.aio.ServicerContext,
+                              caller: Caller) -> pb.DeadLetterResponse:
+        validation.admin_only(caller, "RetryDeadLetter")
+        validation.dead_letter(request.idempotency_key, request.reason, reason_required=False)
+        rpc_context.note(idempotency_key=request.idempotency_key, reason=request.reason)
+        if request.principal:
+            rpc_context.note(owner=request.principal)
+        letter = await self._dead_letters().retry(request.idempotency_key, request.principal)
+        rpc_context.note(tx=letter.entry.transaction_id, owner=letter.entry.owner,
+                         channel=letter.entry.target, attempts=letter.entry.attempts)
+        return pb.DeadLetterResponse()
+
+    @_guard
+    async def DiscardDeadLetter(self, request: pb.DeadLetterRequest,  # noqa: N802
+                                context: grpc.aio.ServicerContext,
+                                caller: Caller) -> pb.DeadLetterResponse:
+        validation.admin_only(caller, "DiscardDeadLetter")
+        validation.dead_letter(request.idempotency_key, request.reason, reason_required=True)
+        rpc_context.note(idempotency_key=request.idempotency_key, reason=request.reason)
+        if request.principal:
+            rpc_context.note(owner=request.principal)
+        letter = await self._dead_letters().discard(request.idempotency_key,
+                                                    request.principal)
+        if letter is not None:
+            rpc_context.note(tx=letter.entry.transaction_id, owner=letter.entry.owner,
+                             channel=letter.entry.target, attempts=letter.entry.attempts)
+        return pb.DeadLetterResponse()

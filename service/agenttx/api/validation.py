@@ -86,12 +86,6 @@ def step(step_id: int, tool_name: str, arguments_json: str, raw_context: str) ->
                               f"{MAX_DOCUMENT_BYTES} (1 MiB)")
 
 
-def may_list(caller: Caller) -> None:
-    """ListTransactions is for admin principals once authentication is on (SPEC §10)."""
-    if caller.authenticated and not caller.admin:
-        raise PermissionDenied("ListTransactions needs the admin role")
-
-
 def page_token(token: str) -> str:
     """Page tokens are the last transaction id of the previous page."""
     if not token:
@@ -100,3 +94,43 @@ def page_token(token: str) -> str:
         return str(uuid.UUID(token))
     except ValueError:
         raise InvalidArgument("page_token is not a token this service handed out") from None
+
+
+def admin_only(caller: Caller, rpc: str) -> None:
+    """Dead letters are for admins (docs/operations.md): with authentication on, only
+    principals with the admin role; without it every (loopback) caller is one."""
+    if caller.authenticated and not caller.admin:
+        raise PermissionDenied(f"{rpc} needs the admin role")
+
+
+MAX_REASON_BYTES = 1024
+DIGEST_HEX_DIGITS = 64  # SHA-256
+
+
+def decision(digest: str, approve: bool, reason: str) -> None:
+    """DecideApproval (docs/approvals.md): approving names the digest the approver saw (64
+    lowercase hex digits); rejecting needs no digest (rejecting is always safe) but a
+    reason, which goes into the history and the audit log."""
+    if approve and (len(digest) != DIGEST_HEX_DIGITS
+                    or any(c not in "0123456789abcdef" for c in digest)):
+        raise InvalidArgument("digest must be the 64 lowercase hex digits ListApprovals "
+                              "shows for the transaction (approving needs it)")
+    if not approve and not reason.strip():
+        raise InvalidArgument("reason is required to reject (it goes into the transaction's "
+                              "history and the audit log)")
+    if _bytes(reason) > MAX_REASON_BYTES:
+        raise InvalidArgument(f"reason is {_bytes(reason)} bytes; the limit is "
+                              f"{MAX_REASON_BYTES}")
+
+
+def dead_letter(idempotency_key: str, reason: str, *, reason_required: bool) -> None:
+    """Any non-empty key is looked up: letters committed before keys were checked at
+    staging may hold keys that staging refuses today, and must still be resolvable."""
+    if not idempotency_key:
+        raise InvalidArgument("idempotency_key is required")
+    if reason_required and not reason.strip():
+        raise InvalidArgument("reason is required: say why the effect is dropped (it goes "
+                              "into the audit log)")
+    if _bytes(reason) > MAX_REASON_BYTES:
+        raise InvalidArgument(f"reason is {_bytes(reason)} bytes; the limit is "
+                              f"{MAX_REASON_BYTES}")

@@ -9,6 +9,7 @@ never do I/O. Everything here is linear in the size of its input (SPEC §3).
 from .jsonargs import MAX_DEPTH, ArgumentsError, describe, dumps, json_depth, parse_arguments
 from .refs import (
     MAX_EXPANSION,
+    OverBudget,
     Reference,
     ReferenceError_,
     Resolution,
@@ -19,7 +20,7 @@ from .refs import (
 )
 
 __all__ = [
-    "MAX_DEPTH", "MAX_EXPANSION", "ArgumentsError", "Reference", "ReferenceError_", "Resolution",
-    "describe", "dumps", "find_references", "has_reference", "json_depth", "offending_step",
-    "parse_arguments", "resolve",
+    "MAX_DEPTH", "MAX_EXPANSION", "ArgumentsError", "OverBudget", "Reference", "ReferenceError_",
+    "Resolution", "describe", "dumps", "find_references", "has_reference", "json_depth",
+    "offending_step", "parse_arguments", "resolve",
 ]

@@ -27,8 +27,8 @@ from typing import Any
 
 from .jsonargs import MAX_DEPTH, dumps, json_depth
 
-__all__ = ["MAX_EXPANSION", "Reference", "ReferenceError_", "Resolution", "find_references",
-           "has_reference", "offending_step", "resolve"]
+__all__ = ["MAX_EXPANSION", "OverBudget", "Reference", "ReferenceError_", "Resolution",
+           "find_references", "has_reference", "offending_step", "resolve"]
 
 # References may not expand the arguments beyond this many characters: one 1 MiB output
 # referenced thousands of times would otherwise build gigabytes in memory before the
@@ -45,6 +45,12 @@ _MAX_STEP_DIGITS = 18
 _SHOWN_DIGITS = 20  # a step number is shown whole up to this many digits
 _SHOWN_REFERENCE = 80  # a reference's text is shown whole up to this many characters
 _SHOWN_LIVE = 10  # live steps are listed one by one up to this many, else as a range
+# What resolving costs, in the units of resolve()'s `budget` (characters of JSON text): a
+# reference costs about what serialising this many characters does (a few µs of Python),
+# plus its own length (its path is walked segment by segment); each item of a referenced
+# value costs _ITEM_COST besides its strings.
+REFERENCE_COST = 256
+_ITEM_COST = 8
 
 
 # Where a value sits: (where its container sits, key or index); None for the arguments
@@ -65,6 +71,12 @@ class Reference:
     whole: bool  # the argument's string is exactly this reference (keeps the JSON type)
     _where: _Where = field(default=None, compare=False, repr=False)
     _levels: int = field(default=0, compare=False, repr=False)  # containers holding it
+
+
+class OverBudget(Exception):
+    """resolve() gave up: resolving these references costs more than its `budget`. Nothing
+    was returned; the caller runs it again without a budget where the time is affordable
+    (the engine: on a worker thread instead of the event loop)."""
 
 
 class ReferenceError_(Exception):
@@ -164,14 +176,19 @@ def find_references(args: Any) -> list[Reference]:
     """Every `${steps.N.path}` in the string values of `args`, in document order."""
     refs: list[Reference] = []
     cache: dict[int, str] = {}
+    # One tuple per distinct path: a document repeating `${steps.1.value}` 50,000 times
+    # holds one `("value",)`, not 50,000 objects for the garbage collector to walk.
+    paths: dict[str, tuple[str, ...]] = {"": ()}
     for where, levels, text in _start(args):
         argument = _dotted(where, cache)
         whole = _WHOLE.fullmatch(text)  # the common case, in one C call
         found = [(0, len(text), whole.group(1), whole.group(2))] if whole else _scan(text)
         for start, end, digits, dotted in found:
+            path = paths.get(dotted)
+            if path is None:
+                path = paths[dotted] = tuple(dotted.split(".")[1:])
             refs.append(Reference(argument=argument, step=_step_number(digits), digits=digits,
-                                  path=tuple(dotted.split(".")[1:]) if dotted else (),
-                                  raw=text[start:end], offset=start,
+                                  path=path, raw=text[start:end], offset=start,
                                   whole=start == 0 and end == len(text), _where=where,
                                   _levels=levels))
     return refs
@@ -218,8 +235,9 @@ class _Found:
 
 class _Resolver:
     def __init__(self, outputs: Mapping[int, Any], live: range,
-                 referenced: frozenset[int]) -> None:
+                 referenced: frozenset[int], budget: int | None) -> None:
         self.outputs, self.live, self.referenced = outputs, live, referenced
+        self.budget = budget  # what is left of it; None: unbounded
         self.provenance: dict[str, int] = {}
         self.expanded = 0
         self.seen: dict[tuple[int, tuple[str, ...]], _Found] = {}  # each value looked up once
@@ -247,6 +265,8 @@ class _Resolver:
                     shown = ".".join(ref.path[: i + 1])
                     raise self.fail(f'column "{shown}" does not exist in the output of step '
                                     f"{step} (referenced as {_shown(ref.raw)})", ref)
+            if self.budget is not None:  # charged before the text is built
+                self.budget -= _text_cost(cur, self.budget)
             self.seen[key] = _Found(cur, cur if isinstance(cur, str) else dumps(cur))
         found = self.seen[key]
         self.expanded += len(found.text)
@@ -267,7 +287,8 @@ class _Resolver:
 
 
 def resolve(args: Any, outputs: Mapping[int, Any], live: range,
-            references: list[Reference] | None = None) -> Resolution:
+            references: list[Reference] | None = None, *,
+            budget: int | None = None) -> Resolution:
     """Replace the references in every string of `args` with values from `outputs`.
 
     `live` is the range of live step ids (in AgentTx always `range(1, next_step_id)`);
@@ -276,41 +297,89 @@ def resolve(args: Any, outputs: Mapping[int, Any], live: range,
     to save a second scan). Raises ReferenceError_ for the first reference, in document
     order, that names a step that is not live or a path its output lacks, or that would
     expand or nest the arguments beyond the limits. Containers without references are
-    shared with `args`, not copied."""
+    shared with `args`, not copied.
+
+    `budget` bounds the work, in characters of JSON text (a reference counts as
+    REFERENCE_COST): once the references, or the values they name, would cost more, it
+    raises OverBudget having spent at most about `budget`. A caller that must not be held
+    long (the event loop) resolves small cases at once and the rest elsewhere. The outcome
+    never depends on the budget: an error met within it is the error the unbounded call
+    raises first, as both follow document order."""
     refs = find_references(args) if references is None else references
-    referenced = frozenset(r.step for r in refs if r.step is not None and r.step in live)
     if not refs:
         return Resolution(value=args)
-    resolver = _Resolver(outputs, live, referenced)
+    if budget is not None:  # each reference, and each segment of its path, is Python work
+        cost = len(refs) * REFERENCE_COST  # checked first: 50k references are not summed
+        if cost <= budget:
+            cost += sum(len(r.raw) for r in refs)
+        if cost > budget:
+            raise OverBudget(f"{len(refs)} references cost more than {budget}")
+        budget -= cost
+    referenced = frozenset(r.step for r in refs if r.step is not None and r.step in live)
+    resolver = _Resolver(outputs, live, referenced, budget)
     # The new value of every string holding references, in document order (errors too).
-    strings: dict[int, tuple[_Where, _New]] = {}
+    strings: dict[int, _New] = {}
     i = 0
     while i < len(refs):
         ref, j = refs[i], i + 1
         while j < len(refs) and refs[j]._where is ref._where:  # the same string
             j += 1
         if ref.whole:
-            new = _New(value=resolver.whole(ref))
+            new = _New(ref._where, value=resolver.whole(ref))
         else:
-            new = _New(pieces=[(r, resolver.lookup(r).text) for r in refs[i:j]])
-        strings[id(ref._where)] = (ref._where, new)
+            pieces = refs[i:j]
+            new = _New(ref._where, pieces=pieces,
+                       texts=[resolver.lookup(r).text for r in pieces])
+        strings[id(ref._where)] = new
         i = j
     value = _rebuild(args, strings)
     return Resolution(value=value, referenced=set(referenced), provenance=resolver.provenance)
 
 
+def _text_cost(value: Any, budget: int) -> int:
+    """About what `value` costs to serialise (characters, plus _ITEM_COST per item); raises
+    OverBudget as soon as that exceeds `budget`. A container is charged for its items
+    before they are looked at, so the walk itself costs at most about `budget` (a value of
+    a million items is never walked through)."""
+    if isinstance(value, str):
+        cost = len(value)
+    elif not isinstance(value, (dict, list)):
+        cost = _ITEM_COST
+    else:
+        cost, stack = 0, [value]
+        while stack and cost <= budget:
+            node = stack.pop()
+            cost += _ITEM_COST * (len(node) + 1)
+            if cost > budget:
+                break
+            if isinstance(node, dict):
+                cost += sum(map(len, node))
+            for item in node.values() if isinstance(node, dict) else node:
+                if isinstance(item, str):
+                    cost += len(item)
+                elif isinstance(item, (dict, list)):
+                    stack.append(item)
+    if cost > budget:
+        raise OverBudget(f"a referenced value of more than {budget} characters")
+    return cost
+
+
 @dataclass(slots=True)
 class _New:
-    """What one string becomes: a referenced value, or its text with pieces interpolated."""
+    """What one string becomes: a referenced value, or its text with pieces interpolated.
+    One object per string: a 1 MiB document holds tens of thousands of them, and every
+    object is work for the garbage collector, which holds the GIL while it walks them."""
 
+    where: _Where  # where the string sits
     value: Any = None
-    pieces: list[tuple[Reference, str]] | None = None
+    pieces: list[Reference] | None = None  # the references in the string, in order
+    texts: list[str] | None = None  # what each one interpolates (no tuple per reference)
 
     def apply(self, original: str) -> Any:
-        if self.pieces is None:
+        if self.pieces is None or self.texts is None:
             return self.value
         out, pos = [], 0
-        for ref, text in self.pieces:
+        for ref, text in zip(self.pieces, self.texts, strict=True):
             out.append(original[pos:ref.offset])
             out.append(text)
             pos = ref.offset + len(ref.raw)
@@ -318,11 +387,11 @@ class _New:
         return "".join(out)
 
 
-def _rebuild(args: Any, strings: dict[int, tuple[_Where, _New]]) -> Any:
+def _rebuild(args: Any, strings: dict[int, _New]) -> Any:
     """A copy of `args` with the strings replaced; only containers on the way are copied."""
     root = 0  # stands for the arguments themselves (where None)
     kids: dict[int, dict[str | int, _Where]] = {}  # container -> the keys to replace in it
-    for where, _ in strings.values():
+    for where in (new.where for new in strings.values()):
         node = where
         while node is not None:
             parent, key = node
@@ -338,13 +407,13 @@ def _rebuild(args: Any, strings: dict[int, tuple[_Where, _New]]) -> Any:
         for key, where in kids.get(slot, {}).items():
             child = node[key]
             if isinstance(child, str):
-                copy[key] = strings[id(where)][1].apply(child)
+                copy[key] = strings[id(where)].apply(child)
             else:
                 copy[key] = build(child, id(where))
         return copy
 
     if isinstance(args, str):
-        return strings[id(None)][1].apply(args)
+        return strings[id(None)].apply(args)
     return build(args, root)
 
 

@@ -3,8 +3,8 @@
 Why offline: service pods must need no Kubernetes API access (no TokenReview). The
 operator reads the cluster's service-account issuer discovery and publishes the keys
 into etcd at `<prefix>/auth/jwks` as `{"issuer": "<iss>", "jwks": {"keys": [...]}}`;
-`JwksCache` keeps that document current with a watch (load + watch + reload on
-interruption, like engine.policies.PolicyCache), and `ServiceAccountVerifier` checks a
+`JwksCache` keeps that document current with the store's one watch loop
+(`agenttx.store.watch`), and `ServiceAccountVerifier` checks a
 token against it with PyJWT: signature (RS256 or ES256; the token's `kid` picks the
 key), audience, expiry and not-before (with a small leeway), and issuer.
 
@@ -17,11 +17,9 @@ keys, so every token is refused. Never logs a token.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +27,9 @@ import jwt
 
 from ..contracts.layout import Keys
 from ..errors import StoreUnavailable
-from ..store.client import Store, op_get
+from ..store.client import Store
+from ..store.ops import KeyValue, WatchEvent
+from ..store.watch import Watch
 from .principal import Principal, expired, invalid
 
 log = logging.getLogger(__name__)
@@ -204,8 +204,9 @@ def _valid_part(value: Any) -> bool:
     return isinstance(value, str) and bool(value) and ":" not in value
 
 
-class JwksCache:
-    """The published service-account keys, kept current by watching `<prefix>/auth/jwks`.
+class JwksCache(Watch):
+    """The published service-account keys, kept current by watching `<prefix>/auth/jwks`
+    (the store's one watch loop, `agenttx.store.watch.Watch`).
 
     `current` is None until the first successful load (then the verifier answers
     UNAVAILABLE); afterwards it is always the last good snapshot, even while the watch
@@ -213,16 +214,18 @@ class JwksCache:
     """
 
     def __init__(self, store: Store, keys: Keys) -> None:
-        self.store = store
-        self.key = keys.auth_jwks()
+        super().__init__(store, keys.auth_jwks(), prefix=False, what="auth")
         self.current: JwksSnapshot | None = None
-        self.revision = 0
-        self.ready = asyncio.Event()
-        self._need_load = True
-        self._task: asyncio.Task[None] | None = None
 
     def snapshot(self) -> JwksSnapshot | None:
         return self.current
+
+    def on_snapshot(self, kvs: Sequence[KeyValue], revision: int) -> None:
+        kv = kvs[0] if kvs else None
+        self._apply(kv.value if kv else None, kv.mod_revision if kv else revision)
+
+    def on_event(self, event: WatchEvent) -> None:
+        self._apply(event.value, event.revision)
 
     def _apply(self, value: bytes | None, revision: int) -> None:
         if value is None:
@@ -244,57 +247,3 @@ class JwksCache:
         log.info("service-account keys loaded",
                  extra={"issuer": snapshot.issuer, "kids": sorted(str(k) for k in snapshot.keys),
                         "revision": revision})
-
-    async def load(self) -> None:
-        res = await self.store.read([op_get(self.key)], what="auth load")
-        kv = res.first(0)
-        self._apply(kv.value if kv else None, kv.mod_revision if kv else res.revision)
-        self.revision = res.revision
-        self._need_load = False
-        self.ready.set()
-
-    async def _watch(self) -> None:
-        backoff = 0.5
-        while True:
-            watch = None
-            try:
-                if self._need_load:
-                    await self.load()
-                watch = await self.store.client.watch(self.key, start_revision=self.revision + 1)
-                backoff = 0.5
-                async for event in watch:
-                    kv = event.kv
-                    deleted = str(getattr(event, "kind", "")).upper().endswith("DELETE")
-                    revision = int(kv.mod_revision)
-                    self._apply(None if deleted else bytes(kv.value), revision)
-                    self.revision = max(self.revision, revision)
-                self._need_load = True  # the stream ended (e.g. compaction): start over
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # we are being stopped
-                # aetcd cancels its own stream reader when a channel goes away.
-                log.warning("service-account key watch cancelled; reloading")
-                self._need_load = True
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-            except Exception as exc:
-                log.warning("service-account key watch interrupted; reloading",
-                            extra={"error": f"{type(exc).__name__}: {exc}"})
-                self._need_load = True
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-            finally:
-                if watch is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(watch.cancel(), 2.0)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._watch(), name="jwks-watch")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from ..errors import Unauthenticated
 
 ADMIN_ROLE = "admin"
+# Decides approvals in its namespace and, from the service namespace, in every one
+# (docs/approvals.md, "Who decides").
+APPROVER_ROLE = "approver"
 
 # The only three texts an UNAUTHENTICATED answer may carry (SPEC §9: no detail beyond
 # "missing" / "invalid" / "expired").
@@ -32,7 +35,7 @@ class Principal:
     or a certificate's URI SAN / CN); "" only for ANONYMOUS.
     namespace: the Kubernetes-style namespace whose policies apply, or None (then only
     the service namespace's policies apply).
-    roles: e.g. {"admin"}; only token mode can grant roles today.
+    roles: e.g. {"admin"}, {"approver"}; only token mode can grant roles today.
     """
 
     name: str
@@ -42,6 +45,10 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         return ADMIN_ROLE in self.roles
+
+    @property
+    def is_approver(self) -> bool:
+        return APPROVER_ROLE in self.roles
 
     @property
     def is_anonymous(self) -> bool:

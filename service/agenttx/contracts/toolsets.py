@@ -389,11 +389,33 @@ def resolve_compensation(arguments: Any, *, call_arguments: Mapping[str, Any],
     return walk(arguments)
 
 
+def header_value(raw: bytes, where: str = "header value") -> str:
+    """A header's value as read from its file (a projected Secret key): UTF-8, with the
+    trailing line breaks dropped (`echo` and most editors add one). Both the operator
+    (for its tools/list) and the service (for every call) read header files this way.
+
+    Raises ToolsetError when it cannot be sent as an HTTP field value (RFC 9110: no
+    control characters but tab); the message never quotes the value, which is a secret.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolsetError(f"{where} is not UTF-8 text") from None
+    text = text.rstrip("\r\n")
+    bad = [c for c in text if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F]
+    if bad:
+        raise ToolsetError(f"{where} contains a control character (e.g. a line break inside "
+                           "it); an HTTP header value cannot")
+    if not text.strip():
+        raise ToolsetError(f"{where} is empty")
+    return text
+
+
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "KINDS", "PREFIX_PATTERN", "RESERVED_PREFIXES",
            "TIMEOUT_MAX_S", "TIMEOUT_MIN_S", "Compensation", "Header", "ToolSpec", "Toolset",
-           "ToolsetError", "Upstream", "from_spec", "parse_file", "parse_published",
+           "ToolsetError", "Upstream", "from_spec", "header_value", "parse_file", "parse_published",
            "resolve_compensation", "to_json", "to_spec"]

@@ -7,21 +7,29 @@ always on, so a deployment with nothing configured can still stage and commit ef
 
 Delivery contract: `ChannelRegistry.deliver` returns only when the receiver confirmed
 (webhook 2xx, SMTP accepted the message, log line written) and raises `DeliveryError`
-otherwise. Every delivery carries the effect's idempotency key (HTTP header
+otherwise, saying whether the refusal is permanent (effects.delivery has the rules: HTTP
+4xx other than 408/425/429, SMTP 5xx, a payload or key the channel cannot encode) or
+worth another try. Every delivery carries the effect's idempotency key (HTTP header
 `Idempotency-Key`; SMTP `Message-ID` derived from it plus `X-Idempotency-Key`) so a
 receiver can dedupe the redeliveries an at-least-once outbox may make.
 
+Webhooks go out on one `httpx2.AsyncClient` per channel (a maintained asyncio HTTP
+client): connections are reused between deliveries, the connect and read timeouts come
+from the channel's config, no thread per POST. `ChannelRegistry.aclose()` closes them
+(the server does on shutdown). Proxies from the environment are not used: a webhook
+goes where its URL says. SMTP stays on the standard library's `smtplib`, in a worker
+thread (`asyncio.to_thread`) so the event loop never waits on it: one connection per
+message, which mail is fine with, and no further dependency.
+
 What it must never do: touch etcd, retry on its own (the outbox decides when to try
-again), or put secrets (passwords, header values, URL query strings) in error messages.
-Blocking stdlib clients (`http.client`, `smtplib`) run in a worker thread so the event
-loop never stalls; no extra HTTP dependency is needed for one POST.
+again), or put secrets (passwords, header values, URL credentials and query strings) in
+error messages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import http.client
 import json
 import logging
 import re
@@ -34,6 +42,7 @@ from email.message import EmailMessage
 from email.utils import formatdate
 from typing import Annotated, Any, Literal
 
+import httpx2
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -44,15 +53,17 @@ from pydantic import (
     field_validator,
 )
 
+from ..contracts.outbox import idempotency_key_problem
+from .delivery import DeliveryError, http_status_is_permanent, smtp_code_is_permanent
+
 log = logging.getLogger("agenttx.effects")
 
 CHANNEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Read at most this much of a webhook's response body (we only need the status).
 _MAX_RESPONSE_BYTES = 64 * 1024
-
-
-class DeliveryError(Exception):
-    """The receiver did not confirm the delivery. The message is safe to show a caller."""
+# Connections one webhook channel keeps open to its receiver (httpx2's defaults, named).
+_WEBHOOK_LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=20,
+                                keepalive_expiry=5.0)
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,10 @@ class WebhookChannel(_Channel):
 
     kind: Literal["webhook"]
     url: str = Field(description="http:// or https:// URL receiving the POST")
-    timeout_s: float = Field(5.0, gt=0, le=300, description="connect + response timeout")
+    timeout_s: float = Field(5.0, gt=0, le=300, description="read (and write) timeout: how "
+                             "long to wait for the receiver's answer")
+    connect_timeout_s: float | None = Field(None, gt=0, le=300, description="timeout to "
+                                            "open a connection (default: timeout_s)")
     headers: dict[str, str] = Field(default_factory=dict, description="extra request headers")
 
     @field_validator("url")
@@ -184,57 +198,138 @@ def webhook_body(effect: Effect) -> bytes:
     ).encode()
 
 
-# ---- blocking senders (run in a worker thread) -------------------------------------------
+def _sendable_key(effect: Effect) -> None:
+    """A key that cannot go into a header is refused for good (keys are checked when
+    staged; this catches entries committed before that check existed)."""
+    problem = idempotency_key_problem(effect.idempotency_key)
+    if problem is not None:
+        raise DeliveryError(f"idempotency key cannot be sent in a header: {problem}",
+                            permanent=True)
 
-def _post_webhook(cfg: WebhookChannel, effect: Effect) -> None:
-    parts = urllib.parse.urlsplit(cfg.url)
-    host, port = parts.hostname or "", parts.port
-    target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
-    conn: http.client.HTTPConnection
-    if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(
-            host, port, timeout=cfg.timeout_s, context=ssl.create_default_context()
-        )
-    else:
-        conn = http.client.HTTPConnection(host, port, timeout=cfg.timeout_s)
-    body = webhook_body(effect)
-    headers = {
-        **cfg.headers,
-        "Content-Type": "application/json",
-        "Idempotency-Key": effect.idempotency_key,
-    }
-    where = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
-    try:
-        conn.request("POST", target, body=body, headers=headers)
-        resp = conn.getresponse()
-        resp.read(_MAX_RESPONSE_BYTES)
-    except TimeoutError as exc:
-        raise DeliveryError(f"{where} timed out after {cfg.timeout_s:g}s") from exc
-    except ConnectionRefusedError as exc:
-        raise DeliveryError(f"{where} refused the connection") from exc
-    except (OSError, http.client.HTTPException) as exc:
-        raise DeliveryError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        conn.close()
-    if not 200 <= resp.status < 300:
-        raise DeliveryError(f"{where} answered HTTP {resp.status} {resp.reason}".rstrip())
+
+def _refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # httpx2 -> httpcore2 -> anyio's OSError -> the socket's error
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+# ---- webhook: one asyncio HTTP client per channel ------------------------------------------
+
+class WebhookSender:
+    """POSTs effects to one webhook channel over a client kept for the channel's
+    lifetime (connection reuse).
+
+    The client is built here, when the channels are configured (start-up), not at the
+    first delivery: building one loads a CA bundle, which costs hundreds of milliseconds
+    of blocked event loop and would eat the first delivery's timeout. An http:// channel
+    gets no TLS context at all; an https:// one verifies the receiver against the system's
+    CAs (`ssl.create_default_context`)."""
+
+    def __init__(self, cfg: WebhookChannel) -> None:
+        self.cfg = cfg
+        parts = urllib.parse.urlsplit(cfg.url)
+        # for messages: scheme, host and port only (never credentials, path or query)
+        self.where = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
+        self._verify: ssl.SSLContext | bool = \
+            ssl.create_default_context() if parts.scheme == "https" else False
+        self._client: httpx2.AsyncClient | None = self._new_client()
+
+    def _new_client(self) -> httpx2.AsyncClient:
+        cfg = self.cfg
+        return httpx2.AsyncClient(
+            timeout=httpx2.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s or
+                                   cfg.timeout_s),
+            limits=_WEBHOOK_LIMITS, follow_redirects=False, trust_env=False,
+            verify=self._verify)
+
+    def client(self) -> httpx2.AsyncClient:
+        if self._client is None:  # closed (shutdown) and used again
+            self._client = self._new_client()
+        return self._client
+
+    async def post(self, effect: Effect) -> None:
+        _sendable_key(effect)
+        try:
+            body = webhook_body(effect)
+        except (UnicodeError, ValueError) as exc:
+            raise DeliveryError(f"the payload cannot be encoded as UTF-8 JSON "
+                                f"({type(exc).__name__})", permanent=True) from exc
+        headers = {**self.cfg.headers, "Content-Type": "application/json",
+                   "Idempotency-Key": effect.idempotency_key}
+        where, timeout = self.where, self.cfg.timeout_s
+        try:
+            async with self.client().stream("POST", self.cfg.url, content=body,
+                                            headers=headers) as resp:
+                read = 0
+                async for chunk in resp.aiter_raw():  # the status is what counts
+                    read += len(chunk)
+                    if read >= _MAX_RESPONSE_BYTES:
+                        break
+        except httpx2.TimeoutException as exc:
+            which = "connecting" if isinstance(exc, httpx2.ConnectTimeout | httpx2.PoolTimeout) \
+                else "waiting for the answer"
+            raise DeliveryError(f"{where} timed out after {timeout:g}s ({which})") from exc
+        except httpx2.ConnectError as exc:
+            if _refused(exc):
+                raise DeliveryError(f"{where} refused the connection") from exc
+            raise DeliveryError(f"{where} could not be reached: {exc}") from exc
+        except httpx2.RemoteProtocolError as exc:
+            raise DeliveryError(f"{where} dropped the connection: {exc}") from exc
+        except httpx2.LocalProtocolError as exc:
+            # names no header value: the channel's headers may hold credentials
+            raise DeliveryError(f"{where}: the request cannot be encoded as HTTP (a header "
+                                "of the channel or the effect is not valid)",
+                                permanent=True) from exc
+        except (httpx2.TransportError, OSError) as exc:
+            raise DeliveryError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+        except UnicodeError as exc:  # a header value outside latin-1
+            raise DeliveryError(f"{where}: the request cannot be encoded as HTTP "
+                                f"({type(exc).__name__})", permanent=True) from exc
+        if not 200 <= resp.status_code < 300:
+            raise DeliveryError(
+                f"{where} answered HTTP {resp.status_code} {resp.reason_phrase}".rstrip(),
+                permanent=http_status_is_permanent(resp.status_code))
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+# ---- email: smtplib in a worker thread ------------------------------------------------------
+
+def _smtp_reply(code: int, message: bytes | str) -> str:
+    text = message.decode(errors="replace") if isinstance(message, bytes) else str(message)
+    first = " ".join(text.split())[:120]
+    return f"{code} {first}".rstrip()
 
 
 def _send_email(cfg: EmailChannel, effect: Effect) -> None:
+    _sendable_key(effect)
     try:
         mail = email_payload(effect.payload)
     except ValueError as exc:
-        raise DeliveryError(str(exc)) from exc
-    msg = EmailMessage()
-    msg["From"] = cfg.from_addr
-    msg["To"] = ", ".join(mail.to)
-    msg["Subject"] = mail.subject
-    msg["Date"] = formatdate(localtime=False, usegmt=True)
-    msg["Message-ID"] = message_id(effect.idempotency_key)
-    msg["X-Idempotency-Key"] = effect.idempotency_key
-    msg["X-AgentTx-Transaction-Id"] = effect.transaction_id
-    msg.set_content(mail.body)
+        raise DeliveryError(str(exc), permanent=True) from exc
     where = f"smtp://{cfg.host}:{cfg.port}"
+    try:
+        msg = EmailMessage()
+        msg["From"] = cfg.from_addr
+        msg["To"] = ", ".join(mail.to)
+        msg["Subject"] = mail.subject
+        msg["Date"] = formatdate(localtime=False, usegmt=True)
+        msg["Message-ID"] = message_id(effect.idempotency_key)
+        msg["X-Idempotency-Key"] = effect.idempotency_key
+        msg["X-AgentTx-Transaction-Id"] = effect.transaction_id
+        msg.set_content(mail.body)
+        msg.as_bytes()  # fails here, not half-way through an SMTP session
+    except (UnicodeError, ValueError, TypeError) as exc:
+        raise DeliveryError(f"the message cannot be encoded ({type(exc).__name__})",
+                            permanent=True) from exc
     try:
         with smtplib.SMTP(cfg.host, cfg.port, timeout=cfg.timeout_s) as smtp:
             if cfg.starttls:
@@ -243,10 +338,13 @@ def _send_email(cfg: EmailChannel, effect: Effect) -> None:
                 password = cfg.password.get_secret_value() if cfg.password else ""
                 smtp.login(cfg.username, password)
             refused = smtp.send_message(msg, from_addr=cfg.from_addr, to_addrs=mail.to)
-    except smtplib.SMTPResponseException as exc:
-        raise DeliveryError(f"{where} answered {exc.smtp_code}") from exc
     except smtplib.SMTPRecipientsRefused as exc:
-        raise DeliveryError(f"{where} refused every recipient") from exc
+        codes = sorted({code for code, _ in exc.recipients.values()})
+        raise DeliveryError(f"{where} refused every recipient ({', '.join(map(str, codes))})",
+                            permanent=all(smtp_code_is_permanent(c) for c in codes)) from exc
+    except smtplib.SMTPResponseException as exc:
+        raise DeliveryError(f"{where} answered {_smtp_reply(exc.smtp_code, exc.smtp_error)}",
+                            permanent=smtp_code_is_permanent(exc.smtp_code)) from exc
     except TimeoutError as exc:
         raise DeliveryError(f"{where} timed out after {cfg.timeout_s:g}s") from exc
     except ConnectionRefusedError as exc:
@@ -269,6 +367,8 @@ class ChannelRegistry:
     def __init__(self, channels: Mapping[str, LogChannel | WebhookChannel | EmailChannel]):
         self._channels = dict(channels)
         self._channels.setdefault("log", LogChannel(kind="log"))
+        self._webhooks = {name: WebhookSender(cfg) for name, cfg in self._channels.items()
+                          if isinstance(cfg, WebhookChannel)}
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | str | None) -> ChannelRegistry:
@@ -333,10 +433,15 @@ class ChannelRegistry:
             email_payload(payload)
 
     async def deliver(self, effect: Effect) -> None:
-        """Deliver one effect; returns only on a confirmed delivery, else DeliveryError."""
+        """Deliver one effect; returns only on a confirmed delivery, else DeliveryError.
+
+        A channel this replica does not know is a transient failure: channel configs
+        change with a rolling restart, and another replica (or this one, restarted) may
+        know it. The entry stays visible in the outbox metrics meanwhile."""
         cfg = self._channels.get(effect.channel)
         if cfg is None:
-            raise DeliveryError(f"unknown channel '{effect.channel}'")
+            raise DeliveryError(f"unknown channel '{effect.channel}' (not configured on this "
+                                "replica)")
         if isinstance(cfg, LogChannel):
             log.info(
                 "effect",
@@ -348,6 +453,11 @@ class ChannelRegistry:
                 },
             )
         elif isinstance(cfg, WebhookChannel):
-            await asyncio.to_thread(_post_webhook, cfg, effect)
+            await self._webhooks[effect.channel].post(effect)
         else:
             await asyncio.to_thread(_send_email, cfg, effect)
+
+    async def aclose(self) -> None:
+        """Close the webhook channels' HTTP clients (their pooled connections)."""
+        for sender in self._webhooks.values():
+            await sender.aclose()

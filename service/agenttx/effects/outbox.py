@@ -2,8 +2,9 @@
 
 Why this module exists: a committed effect must reach its receiver even if the replica
 that committed it dies a moment later, and it must never be sent again once its
-delivery was confirmed (SPEC §6). So the commit writes each effect as an outbox entry in
-the same etcd transaction as the data (`outbox_key` / `new_entry`), then:
+delivery was confirmed (docs/operations.md, "Outbox backlog"). So the commit writes each
+effect as a typed outbox entry (contracts.outbox) in the same etcd transaction as the
+data, then:
 
 * the committing replica delivers right away (`Dispatcher.deliver_committed`); the entry
   is created *claimed* by that replica for `claim_s` seconds so the background loop
@@ -14,9 +15,19 @@ the same etcd transaction as the data (`outbox_key` / `new_entry`), then:
 
 Entry lifecycle, every step a compare-and-swap on the entry's mod_revision:
 
-    due & unclaimed --claim (fenced)--> claimed by me --deliver--> ok:   delete
-                                                                   fail: reschedule
-                                                                         (fenced)
+    due & unclaimed --claim (fenced)--> claimed by me --deliver--> ok:        delete
+                                                                   transient: reschedule
+                                                                              (fenced)
+                                                                   permanent: bury
+                                                                              (fenced)
+
+A permanent refusal (effects.delivery: HTTP 4xx other than 408/425/429, SMTP 5xx, a
+payload or key the channel cannot encode) is never retried: ONE etcd transaction deletes
+the entry, writes it to `<prefix>/deadletters/<owner>/<key>` with the last error, the
+attempt count (every attempt, the commit-time one included) and the time, and keeps the
+idempotency key reserved (no lease) while the letter exists, so no other effect can take
+the key meanwhile. Admins list, retry or discard dead letters (effects.deadletters). A
+transient failure is retried with backoff forever; it never becomes a dead letter.
 
 Guarantees and their price:
 
@@ -44,42 +55,66 @@ Guarantees and their price:
   delivery, never a lost one.
 
 Effects are attempted in key order (transaction, seq); once a retry intervenes there is
-no ordering guarantee between effects. An entry is retried until delivered (no attempt
-cap: dropping a committed effect would break the contract); `pending()` shows them.
+no ordering guarantee between effects. An entry is retried until delivered or refused
+for good (no attempt cap: dropping a committed effect would break the contract);
+`pending()` shows them.
+
+Entries are routed by `kind`: `effect` to the configured channels, `deferred` (a toolset
+call staged at step time) to the `deferred` delivery the server wires in; a kind this
+replica cannot deliver is a transient failure, never a loss.
 
 What it must never do: deliver an entry it could not claim, raise a delivery failure to
-the commit path, or delete an entry whose delivery was not confirmed.
+the commit path, delete an entry whose delivery was not confirmed, or retry one its
+receiver refused for good.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from ..contracts.layout import Keys
+from ..contracts.outbox import (
+    KIND_DEFERRED,
+    KIND_EFFECT,
+    DeadLetter,
+    OutboxEntry,
+    decode_entry,
+    encode_dead_letter,
+    encode_entry,
+    reservation_value,
+)
 from ..errors import StoreError, StoreUnavailable
 from ..observability.metrics import METRICS
-from ..store.client import KeyValue, Store, cmp_mod, op_delete, op_put
+from ..store.client import (
+    KeyValue,
+    Op,
+    Store,
+    cmp_absent,
+    cmp_mod,
+    op_delete,
+    op_get,
+    op_put,
+)
 from ..store.lease import LeaderLease, NotLeader
-from .channels import ChannelRegistry, DeliveryError, Effect
+from .channels import ChannelRegistry, Effect
+from .delivery import DeliveryError
 
 log = logging.getLogger("agenttx.effects")
 
-# last_error is for humans; keep entries small.
-_MAX_ERROR_CHARS = 500
 # A delete after a confirmed delivery is retried this many times on a transient etcd
 # error (safe: it is guarded by the claim's mod_revision) to keep the redelivery window
 # small.
 _DELETE_ATTEMPTS = 3
 
+# How a deferred toolset call is delivered (wired in by the server; raises DeliveryError).
+DeferredDelivery = Callable[[OutboxEntry], Awaitable[None]]
 
-# Key layout lives in contracts.layout; these are thin, prefix-taking conveniences.
 
 def outbox_prefix(prefix: str) -> bytes:
     return Keys(prefix).outbox_prefix()
@@ -93,64 +128,32 @@ def leader_key(prefix: str) -> bytes:
     return Keys(prefix).leader("dispatcher")
 
 
-def new_entry(effect: Effect, seq: int, *, now: float, claimed_by: str | None,
-              claim_s: float = 30.0) -> bytes:
-    """The outbox value written by the commit txn. With `claimed_by` set, the entry is
-    reserved for that replica's commit-time delivery until `now + claim_s`."""
-    return _encode({
-        "channel": effect.channel,
-        "payload": effect.payload,
-        "idempotency_key": effect.idempotency_key,
-        "transaction_id": effect.transaction_id,
-        "seq": seq,
-        "attempts": 0,
-        "next_attempt_at": now,
-        "claimed_by": claimed_by,
-        "claim_until": now + claim_s if claimed_by else 0.0,
-        "last_error": None,
-        "created_at": now,
-    })
-
-
-def _encode(entry: dict[str, Any]) -> bytes:
-    return json.dumps(entry, separators=(",", ":"), sort_keys=True).encode()
-
-
-def _decode(kv: KeyValue) -> dict[str, Any] | None:
+def _decode(kv: KeyValue) -> OutboxEntry | None:
     try:
-        entry = json.loads(kv.value)
-    except ValueError:
-        entry = None
-    if not isinstance(entry, dict) or not {"channel", "idempotency_key"} <= entry.keys():
+        return decode_entry(kv.value)
+    except ValueError as exc:
         log.error("outbox entry unreadable, left in place",
-                  extra={"key": kv.key.decode(errors="replace")})
+                  extra={"key": kv.key.decode(errors="replace"), "error": str(exc)})
         return None
-    return entry
 
 
-def _effect(entry: dict[str, Any]) -> Effect:
-    return Effect(
-        channel=str(entry["channel"]),
-        payload=entry.get("payload"),
-        idempotency_key=str(entry["idempotency_key"]),
-        transaction_id=str(entry.get("transaction_id", "")),
-    )
+@dataclass(frozen=True)
+class Pending:
+    """An outbox entry as read back: its key, mod_revision and record."""
+
+    key: str
+    mod_revision: int
+    entry: OutboxEntry
 
 
-def _is_due(entry: dict[str, Any], now: float) -> bool:
-    if float(entry.get("next_attempt_at") or 0.0) > now:
-        return False
-    return not entry.get("claimed_by") or float(entry.get("claim_until") or 0.0) <= now
-
-
-async def pending(store: Store, prefix: str) -> list[dict[str, Any]]:
-    """Every outbox entry (delivered entries are deleted, so: everything not yet
-    confirmed), each with its `key` and `mod_revision`, in key order."""
+async def pending(store: Store, prefix: str) -> list[Pending]:
+    """Every readable outbox entry (delivered entries are deleted, so: everything not yet
+    confirmed), in key order."""
     out = []
     for kv in await store.get_prefix(outbox_prefix(prefix)):
         entry = _decode(kv)
         if entry is not None:
-            out.append({**entry, "key": kv.key.decode(), "mod_revision": kv.mod_revision})
+            out.append(Pending(kv.key.decode(), kv.mod_revision, entry))
     return out
 
 
@@ -161,10 +164,13 @@ class Dispatcher:
                  *, lease_ttl_s: int = 10, poll_interval_s: float = 1.0,
                  base_backoff_s: float = 0.5, max_backoff_s: float = 60.0,
                  claim_s: float = 30.0, delivery_timeout_s: float | None = None,
-                 recovery_grace_s: float | None = None) -> None:
+                 recovery_grace_s: float | None = None,
+                 deferred: DeferredDelivery | None = None) -> None:
         self.store = store
-        self.prefix = Keys(prefix).prefix
+        self.keys = Keys(prefix)
+        self.prefix = self.keys.prefix
         self.registry = registry
+        self.deferred = deferred
         self.replica_id = replica_id
         self.lease_ttl_s = lease_ttl_s
         self.poll_interval_s = poll_interval_s
@@ -186,63 +192,27 @@ class Dispatcher:
         self._etcd_error_at = 0.0
         # Test hook: awaited after a confirmed delivery and before the entry is deleted
         # (lets a test "crash" the dispatcher inside the redelivery window).
-        self.after_delivery: Callable[[bytes, dict[str, Any]], Awaitable[None]] | None = None
+        self.after_delivery: Callable[[bytes, OutboxEntry], Awaitable[None]] | None = None
 
     # ---- commit-time path --------------------------------------------------------------
 
-    def entry_for(self, effect: Effect, seq: int) -> tuple[bytes, bytes]:
-        """(key, value) of the outbox put a commit txn makes, claimed by this replica."""
-        return (outbox_key(self.prefix, effect.transaction_id, seq),
-                new_entry(effect, seq, now=time.time(), claimed_by=self.replica_id,
-                          claim_s=self.claim_s))
-
-    async def deliver_committed(self, entries: list[tuple[bytes, int]],
-                                values: dict[bytes, bytes] | None = None
+    async def deliver_committed(self, entries: Sequence[tuple[bytes, int, OutboxEntry]]
                                 ) -> tuple[int, list[str]]:
-        """Deliver entries a commit txn just wrote (key, mod_revision from its header).
+        """Deliver the entries a commit txn just wrote: (key, the commit's revision, the
+        entry as written, claimed by this replica). Nothing is read back or decoded.
 
-        `values`, when the caller has them (the committing engine does), are the entries
-        as written at that revision, which saves reading them back from etcd.
-        Returns (delivered count, ["<channel> <idempotency_key>: <reason>", ...]).
+        Returns (delivered count, ["<target> <idempotency_key>: <reason>", ...]).
         Never raises for a delivery or etcd failure: whatever is not delivered stays in
-        the outbox for the background loop.
+        the outbox for the background loop (or, refused for good, is a dead letter).
         """
-        if not entries:
-            return 0, []
-        keys = [k for k, _ in entries]
-        if values is not None and all(k in values for k in keys):
-            got: dict[bytes, KeyValue | None] = {
-                k: KeyValue(k, values[k], rev, rev, 0) for k, rev in entries}
-            return await self._deliver_read(entries, got)
-        try:
-            got = await self.store.get_many(keys, what="outbox read")
-        except StoreError as exc:
-            log.warning("outbox read failed after commit", extra={"error": str(exc)})
-            return 0, [f"{k.decode(errors='replace')}: {exc}; left for background retry"
-                       for k in keys]
-        return await self._deliver_read(entries, got)
-
-    async def _deliver_read(self, entries: list[tuple[bytes, int]],
-                            got: dict[bytes, KeyValue | None]) -> tuple[int, list[str]]:
         delivered, errors = 0, []
-        for key, rev in sorted(entries):
+        for key, rev, entry in sorted(entries, key=lambda e: e[0]):
             if key in self.confirmed:
-                continue
-            kv = got.get(key)
-            if kv is None:
-                continue  # already delivered and removed elsewhere
-            entry = _decode(kv)
-            if entry is None:
-                errors.append(f"{key.decode(errors='replace')}: unreadable outbox entry")
-                continue
-            label = f"{entry['channel']} {entry['idempotency_key']}"
-            if kv.mod_revision != rev:
-                errors.append(f"{label}: outbox entry taken over; left to the dispatcher")
                 continue
             ok, error = await self._attempt(key, rev, entry, fenced=None)
             delivered += ok
             if error:
-                errors.append(f"{label}: {error}")
+                errors.append(f"{entry.target} {entry.idempotency_key}: {error}")
         return delivered, errors
 
     # ---- background loop ---------------------------------------------------------------
@@ -271,6 +241,7 @@ class Dispatcher:
                     else:  # leader-reported gauges: 0 elsewhere (dashboards take the max)
                         METRICS.outbox_depth.set(0)
                         METRICS.outbox_oldest_age.set(0)
+                        METRICS.dead_letters.set(0)
                 except NotLeader as exc:
                     log.warning("outbox dispatcher stopped acting",
                                 extra={"replica": self.replica_id, "error": str(exc)})
@@ -308,7 +279,8 @@ class Dispatcher:
         return retired
 
     async def _sweep(self) -> bool:
-        """One pass over the outbox, a page at a time. True if anything was attempted."""
+        """One pass over the outbox, a page at a time. True if anything was attempted.
+        Also reports the dead letters' count (one count-only read per pass)."""
         now = time.time()
         attempted = False
         depth, oldest = 0, 0.0
@@ -322,21 +294,22 @@ class Dispatcher:
                 entry = _decode(kv)
                 depth += 1
                 if entry is not None:
-                    oldest = max(oldest, now - float(entry.get("created_at") or now))
-                if entry is None or kv.key in self.confirmed or not _is_due(entry, now):
+                    oldest = max(oldest, now - (entry.created_at or now))
+                if entry is None or kv.key in self.confirmed or not entry.is_due(now):
                     continue
-                if recovering and entry.get("claimed_by") not in (None, self.replica_id):
+                if recovering and entry.claimed_by not in ("", self.replica_id):
                     continue  # its claimer may hold a confirmed delivery: let it retire first
                 attempted |= await self._claim_and_attempt(kv, entry)
         METRICS.outbox_depth.set(depth)
         METRICS.outbox_oldest_age.set(oldest)
+        METRICS.dead_letters.set(await self.store.count(self.keys.dead_letters_prefix(),
+                                                        what="outbox dead letters"))
         return attempted
 
-    async def _claim_and_attempt(self, kv: KeyValue, entry: dict[str, Any]) -> bool:
-        claimed = {**entry, "claimed_by": self.replica_id,
-                   "claim_until": time.time() + self.claim_s}
+    async def _claim_and_attempt(self, kv: KeyValue, entry: OutboxEntry) -> bool:
+        claimed = entry.claimed(self.replica_id, time.time() + self.claim_s)
         res = await self.lease.fenced_txn(
-            [cmp_mod(kv.key, kv.mod_revision)], [op_put(kv.key, _encode(claimed))],
+            [cmp_mod(kv.key, kv.mod_revision)], [op_put(kv.key, encode_entry(claimed))],
             what="outbox claim",
         )
         if not res.succeeded:
@@ -346,27 +319,44 @@ class Dispatcher:
 
     # ---- one delivery ------------------------------------------------------------------
 
-    async def _attempt(self, key: bytes, rev: int, entry: dict[str, Any],
+    def _label(self, entry: OutboxEntry) -> str:
+        """The bounded `channel` label of the delivery metrics."""
+        if entry.kind == KIND_DEFERRED:
+            return "deferred"
+        return entry.channel if self.registry.has(entry.channel) else "unknown"
+
+    async def _deliver(self, entry: OutboxEntry) -> None:
+        """Route by kind; raises DeliveryError unless the receiver confirmed."""
+        if entry.kind == KIND_EFFECT:
+            await self.registry.deliver(Effect(entry.channel, entry.payload,
+                                               entry.idempotency_key, entry.transaction_id))
+        elif entry.kind == KIND_DEFERRED and self.deferred is not None:
+            await self.deferred(entry)
+        else:
+            raise DeliveryError(f"this replica cannot deliver {entry.kind} entries")
+
+    async def _attempt(self, key: bytes, rev: int, entry: OutboxEntry,
                        fenced: LeaderLease | None) -> tuple[bool, str | None]:
         """Deliver a claimed entry (mod_revision `rev`) and record the outcome.
         Returns (delivered, error-for-the-caller)."""
-        effect = _effect(entry)
         started = time.monotonic()
-        label = effect.channel if self.registry.has(effect.channel) else "unknown"
+        label = self._label(entry)
         METRICS.delivery_attempts.labels(label).inc()
+        permanent = False
         try:
-            await asyncio.wait_for(self.registry.deliver(effect), self.delivery_timeout_s)
+            await asyncio.wait_for(self._deliver(entry), self.delivery_timeout_s)
         except DeliveryError as exc:
-            reason = str(exc)
+            reason, permanent = str(exc), exc.permanent
         except TimeoutError:
             reason = f"delivery timed out after {self.delivery_timeout_s:g}s"
         except Exception as exc:  # a channel bug must not break the caller
-            log.exception("channel raised unexpectedly", extra={"channel": effect.channel})
+            log.exception("channel raised unexpectedly", extra={"channel": entry.target})
             reason = f"internal error: {type(exc).__name__}"
         else:
             log.info("effect delivered", extra={
-                "channel": effect.channel, "idempotency_key": effect.idempotency_key,
-                "tx": effect.transaction_id, "attempts": int(entry.get("attempts", 0)) + 1,
+                "kind": entry.kind, "channel": entry.target,
+                "idempotency_key": entry.idempotency_key, "tx": entry.transaction_id,
+                "attempts": entry.attempts + 1,
                 "ms": int((time.monotonic() - started) * 1000), "replica": self.replica_id})
             METRICS.deliveries.labels(label, "delivered").inc()
             if self.after_delivery is not None:
@@ -377,6 +367,9 @@ class Dispatcher:
             return True, (None if removed else
                           "delivered; its outbox entry is retired once etcd answers (this "
                           "replica never sends it again)")
+        if permanent:
+            METRICS.deliveries.labels(label, "refused").inc()
+            return False, await self._bury(key, rev, entry, reason, fenced)
         METRICS.deliveries.labels(label, "failed").inc()
         return False, await self._reschedule(key, rev, entry, reason, fenced)
 
@@ -409,24 +402,17 @@ class Dispatcher:
         cap = min(self.max_backoff_s, self.base_backoff_s * 2 ** max(0, attempts - 1))
         return random.uniform(0, cap)
 
-    async def _reschedule(self, key: bytes, rev: int, entry: dict[str, Any], reason: str,
+    async def _reschedule(self, key: bytes, rev: int, entry: OutboxEntry, reason: str,
                           fenced: LeaderLease | None) -> str:
-        attempts = int(entry.get("attempts", 0)) + 1
         now = time.time()
-        updated = {
-            **entry,
-            "attempts": attempts,
-            "next_attempt_at": now + self._backoff(attempts),
-            "last_error": reason[:_MAX_ERROR_CHARS],
-            "claimed_by": None,
-            "claim_until": 0.0,
-        }
+        updated = entry.failed(reason, now + self._backoff(entry.attempts + 1))
         log.warning("effect delivery failed", extra={
-            "channel": entry["channel"], "idempotency_key": entry["idempotency_key"],
-            "tx": entry.get("transaction_id"), "attempts": attempts,
-            "retry_in_s": round(updated["next_attempt_at"] - now, 3),
+            "kind": entry.kind, "channel": entry.target,
+            "idempotency_key": entry.idempotency_key, "tx": entry.transaction_id,
+            "attempts": updated.attempts,
+            "retry_in_s": round(updated.next_attempt_at - now, 3),
             "replica": self.replica_id, "error": reason})
-        compare, put = [cmp_mod(key, rev)], [op_put(key, _encode(updated))]
+        compare, put = [cmp_mod(key, rev)], [op_put(key, encode_entry(updated))]
         try:
             if fenced is not None:
                 res = await fenced.fenced_txn(compare, put, what="outbox reschedule")
@@ -442,5 +428,55 @@ class Dispatcher:
             return f"{reason} (entry changed concurrently)"
         return reason
 
-    async def pending(self) -> list[dict[str, Any]]:
+    async def _bury(self, key: bytes, rev: int, entry: OutboxEntry, reason: str,
+                    fenced: LeaderLease | None) -> str:
+        """Move a permanently refused entry to the dead letters in ONE etcd transaction,
+        guarded like every outbox write (the claim's mod_revision, plus the leader fence
+        in the background): delete the entry, write the letter (refusing to overwrite
+        another letter of the same key), and keep the key's reservation without a lease,
+        so it stays taken for as long as the letter exists."""
+        now = time.time()
+        failed = entry.failed(reason, now)
+        letter = DeadLetter(failed, now)
+        dkey = self.keys.dead_letter(entry.owner, entry.idempotency_key)
+        rkey = self.keys.effect_key(entry.owner, entry.idempotency_key)
+        compare = [cmp_mod(key, rev), cmp_absent(dkey)]
+        success: list[Op] = [op_delete(key), op_put(dkey, encode_dead_letter(letter)),
+                             op_put(rkey, reservation_value(entry.transaction_id, 0, "dead"))]
+        failure = [op_get(dkey)]
+        try:
+            if fenced is not None:
+                res = await fenced.fenced_txn(compare, success, failure,
+                                              what="outbox dead letter")
+            else:
+                res = await self.store.txn(compare, success, failure, what="outbox dead letter")
+        except NotLeader:
+            return (f"{reason} (refused permanently, but not yet moved to the dead letters: "
+                    "dispatcher lease lost; tried again after the claim)")
+        except StoreError as exc:
+            log.warning("outbox dead letter write failed",
+                        extra={"key": key.decode(errors="replace"), "error": str(exc)})
+            return (f"{reason} (refused permanently, but not yet moved to the dead letters: "
+                    f"{exc}; tried again after the claim)")
+        if res.succeeded:
+            log.error("effect refused permanently: moved to the dead letters", extra={
+                "kind": entry.kind, "channel": entry.target,
+                "idempotency_key": entry.idempotency_key, "tx": entry.transaction_id,
+                "principal": entry.owner, "attempts": failed.attempts,
+                "replica": self.replica_id, "error": reason})
+            return f"{reason} (refused permanently: moved to the dead letters)"
+        if res.first(0) is not None:
+            # The key is a dead letter already (its reservation lapsed while that letter
+            # waited, and the key was used again): never overwrite it; keep this entry in
+            # the outbox, visible, until someone resolves the older letter.
+            log.error("effect refused permanently, but its idempotency key is already a "
+                      "dead letter; left in the outbox", extra={
+                          "channel": entry.target, "idempotency_key": entry.idempotency_key,
+                          "tx": entry.transaction_id, "principal": entry.owner})
+            return await self._reschedule(
+                key, rev, entry, f"{reason}; not moved to the dead letters: another dead "
+                "letter holds this idempotency key (retry or discard it first)", fenced)
+        return f"{reason} (entry changed concurrently)"
+
+    async def pending(self) -> list[Pending]:
         return await pending(self.store, self.prefix)

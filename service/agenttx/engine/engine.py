@@ -17,6 +17,15 @@ test_round_trips.py), on the replica that served the transaction's previous call
   during the call (retiring its outbox entry).
 - RollbackTransaction: 1-2 (+1 intent write when files are undone).
 - GetTransaction: 1 (header, context log and the activity mark in one transaction).
+- GetTransactionHistory: 1 (+1 per further page of entries).
+- ListTransactions: 1 per page of headers.
+- CommitTransaction under a policy that requires approvals: +1 read of the gated calls;
+  stopping at the gate is that 1 CAS (+1 write when the notify event is delivered).
+- DecideApproval: 1 read of the whole transaction, then what a commit (approve) or an
+  abort (reject) costs.
+- ListApprovals: 1 per page of pending approvals (never a read of every transaction).
+History (engine.history) adds none: each step's entry and each end record are operations
+inside the transactions above.
 
 Nothing here imports grpc or aetcd: errors are agenttx.errors, results engine.model.
 """
@@ -37,17 +46,31 @@ from ..observability.context import note
 from ..observability.metrics import METRICS
 from ..store.ops import Compare, Get, KeyValueStore, Put, cmp_absent, cmp_exists, prefix_end
 from ..tools.describe import ToolDescription, describe_all
-from ..tools.registry import ToolRegistry
+from ..tools.registry import Scope, ToolRegistry
+from . import history as hist
+from .approvals import ApprovalDesk
 from .cache import DataCache, TxCache, TxState
 from .commit import Committer, RetentionLease
+from .current import on_current_state
+from .history import (
+    ABORTED,
+    EXPIRED,
+    Ending,
+    HistoryWriter,
+    PinnedLeases,
+    history_header_bytes,
+)
 from .limits import Limits
 from .model import (
     ANONYMOUS,
+    ApprovalPage,
     Caller,
     CommitOutcome,
     ContextItem,
+    DecisionOutcome,
     RollbackOutcome,
     StepOutcome,
+    TransactionHistory,
     TransactionPage,
     TransactionSummary,
     TransactionView,
@@ -56,6 +79,7 @@ from .policy import EffectivePolicy
 from .snapshot import Loader, not_found
 from .state import (
     ACTIVE,
+    AWAITING_APPROVAL,
     TxHeader,
     TxPolicy,
     decode_context,
@@ -63,6 +87,7 @@ from .state import (
     encode_header,
     to_json,
 )
+from .status import ServiceCounts, read_counts
 from .steps import Stepper, require_owner
 from .undo import Stale, Target, Undoer, write_interrupted
 
@@ -92,7 +117,9 @@ class Engine:
         dispatcher: Any = None,
         max_open_transactions: int = 1000,
         effect_key_retention_s: int = 86400,
+        history_retention_s: int = 604800,
         cache_bytes: int = 64 * 1024 * 1024,
+        service_namespace: str = "",
     ) -> None:
         self.store = store
         self.keys = keys
@@ -105,7 +132,13 @@ class Engine:
         self.txs = TxCache(cache_bytes)
         self.data = DataCache(cache_bytes // 4)
         self.loader = Loader(store, keys, self.txs, self.data)
-        self.undoer = Undoer(store, keys, tools, self.loader, self.txs, self.data, replica_id)
+        # History keys live on shared leases (engine.history): one per replica and time
+        # bucket; the reaper keeps alive those open transactions pinned.
+        self.history_lease = RetentionLease(store, history_retention_s)
+        self.history_writer = HistoryWriter(keys, self.history_lease.lease_id)
+        self.pinned_history = PinnedLeases(store, self.history_lease.bucket_s)
+        self.undoer = Undoer(store, keys, tools, self.loader, self.txs, self.data, replica_id,
+                             self.history_writer)
         self.steps = Stepper(store=store, keys=keys, tools=tools, loader=self.loader,
                              undoer=self.undoer, txs=self.txs, data=self.data,
                              limits=self.limits, replica_id=replica_id,
@@ -114,6 +147,10 @@ class Engine:
                                    undoer=self.undoer, txs=self.txs, data=self.data,
                                    dispatcher=dispatcher,
                                    retention=RetentionLease(store, effect_key_retention_s))
+        self.approvals = ApprovalDesk(store=store, keys=keys, loader=self.loader,
+                                      undoer=self.undoer, txs=self.txs,
+                                      committer=self.committer,
+                                      service_namespace=service_namespace)
 
     # ---- begin ---------------------------------------------------------------------------
 
@@ -131,7 +168,8 @@ class Engine:
             policy=TxPolicy(rollback.max_local_depth, rollback.max_global_resets,
                             rollback.replay_budget_factor, policy.idle_timeout_s,
                             policy.sandbox_path or self.default_fs_root, policy.source),
-            created_at=now, updated_at=now)
+            created_at=now, updated_at=now, approval=policy.approval,
+            namespace=caller.namespace)
         note(tx=tx_id, agent_id=agent_id, policy=policy.source)
         hkey = self.keys.tx_header(tx_id)
         tried: set[int] = set()
@@ -167,7 +205,7 @@ class Engine:
         async for page in self.store.pages(prefix, what="begin"):
             for kv in page:
                 count += 1
-                used.add(int(kv.key[len(prefix):]))
+                used.add(self.keys.slot_of(principal, kv.key))
         if count >= limit:
             raise self._exhausted()
         free = [s for s in range(limit) if s not in used]
@@ -195,50 +233,62 @@ class Engine:
     async def rollback(self, tx_id: str, to_step: int | None, reason: str,
                        caller: Caller = ANONYMOUS) -> RollbackOutcome:
         note(tx=tx_id, to_step=to_step, reason=reason[:200])
+        abort = not to_step
+
+        async def load() -> TxState:
+            return await self.loader.for_step(tx_id, (), (), use_cache=False)
+
+        async def judge(state: TxState) -> TxState:
+            if not caller.admin:
+                require_owner(state, caller)
+            state = await self.undoer.settle(state)
+            h = state.header
+            # the step a toolset call of unknown outcome was for may be named too
+            # (nothing is live there; the call is what is rolled back)
+            in_flight = h.saga_pending.step_id if h.saga_pending is not None else 0
+            if to_step and to_step >= h.next_step_id and to_step != in_flight:
+                raise InvalidArgument(
+                    f"to_step {to_step} is out of range: it must be lower than "
+                    f"next_step_id {h.next_step_id} (or 0 to abort)")
+            if to_step and h.status == AWAITING_APPROVAL:
+                raise FailedPrecondition(
+                    f"transaction {tx_id} awaits approval: roll it back entirely (no "
+                    "to_step) to withdraw it, or wait for the decision")
+            return state
+
+        async def act(state: TxState) -> RollbackOutcome:
+            h = state.header
+            order = [i for i in reversed(h.live) if abort or i >= (to_step or 0)]
+            records = await self.loader.records(state, order)
+            started = time.perf_counter()
+            ending = Ending(ABORTED, caller.principal, reason) if abort else None
+            result = await self.undoer.run(state, records,
+                                           Target(to_step or 0, abort, False, ending=ending,
+                                                  release_unknown=True),
+                                           base=replace(h, updated_at=time.time()))
+            note(undone=result.done, errors=result.errors)
+            strategy = "manual" if to_step else "abort"
+            METRICS.rollbacks.labels(strategy).inc()
+            METRICS.rollback_duration.labels(strategy).observe(time.perf_counter() - started)
+            if result.errors:
+                assert result.header is not None
+                return RollbackOutcome(False, result.header.next_step_id, len(result.done),
+                                       result.errors)
+            if abort:
+                METRICS.transactions_ended.labels("aborted").inc()
+                if h.status == AWAITING_APPROVAL:
+                    METRICS.approval_decisions.labels("withdrawn").inc()
+                    note(withdrawn=True)
+            return RollbackOutcome(True, 0 if abort else int(to_step or 0), len(result.done),
+                                   [])
+
+        def gave_up() -> Exception:
+            return FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry")
+
         async with self.txs.locked(tx_id):
-            use_cache = True
-            for _ in range(4):
-                cached = self.txs.get(tx_id) if use_cache else None
-                state = cached or await self.loader.for_step(tx_id, (), (), use_cache=False)
-                try:
-                    if not caller.admin:
-                        require_owner(state, caller)
-                    state = await self.undoer.settle(state)
-                    h = state.header
-                    if to_step and to_step >= h.next_step_id:
-                        raise InvalidArgument(
-                            f"to_step {to_step} is out of range: it must be lower than "
-                            f"next_step_id {h.next_step_id} (or 0 to abort)")
-                except (InvalidArgument, FailedPrecondition, NotFound):
-                    if cached is None:
-                        raise
-                    self.txs.evict(tx_id)  # judged on a cached state: ask etcd
-                    use_cache = False
-                    continue
-                abort = not to_step
-                order = [i for i in reversed(h.live) if abort or i >= (to_step or 0)]
-                records = await self.loader.records(state, order)
-                started = time.perf_counter()
-                try:
-                    result = await self.undoer.run(state, records,
-                                                   Target(to_step or 0, abort, False),
-                                                   base=replace(h, updated_at=time.time()))
-                except Stale:
-                    use_cache = False
-                    continue
-                note(undone=result.done, errors=result.errors)
-                strategy = "manual" if to_step else "abort"
-                METRICS.rollbacks.labels(strategy).inc()
-                METRICS.rollback_duration.labels(strategy).observe(time.perf_counter() - started)
-                if result.errors:
-                    assert result.header is not None
-                    return RollbackOutcome(False, result.header.next_step_id, len(result.done),
-                                           result.errors)
-                if abort:
-                    METRICS.transactions_ended.labels("aborted").inc()
-                return RollbackOutcome(True, 0 if abort else int(to_step or 0),
-                                       len(result.done), [])
-        raise FailedPrecondition(f"transaction {tx_id} kept changing concurrently; retry")
+            return await on_current_state(self.txs, tx_id, load=load, judge=judge, act=act,
+                                          on_stale=lambda stale, from_cache: False,
+                                          gave_up=gave_up, attempts=4)
 
     # ---- get / list ----------------------------------------------------------------------
 
@@ -259,12 +309,12 @@ class Engine:
         h = decode_header(kv.value)
         if h.principal != caller.principal and not caller.admin:
             raise not_found(tx_id)
-        if h.undoing is not None or (h.fs_pending is not None
-                                     and await write_interrupted(tx_id, h.fs_pending)):
+        if h.undoing is not None or (h.saga_pending is not None and h.status == ACTIVE) \
+                or (h.fs_pending is not None and await write_interrupted(tx_id, h.fs_pending)):
             h = await self._settled_header(tx_id, h, kv.mod_revision)
         context = []
         for item in res.kvs(1):
-            step = int(item.key[len(ctx):])
+            step = keys.step_of_context(tx_id, item.key)
             if step in h.live:
                 tool, raw = decode_context(item.value)
                 context.append(ContextItem(step, tool, raw))
@@ -283,10 +333,40 @@ class Engine:
             except FailedPrecondition:
                 return header
 
+    async def history(self, tx_id: str, caller: Caller = ANONYMOUS) -> TransactionHistory:
+        """GetTransactionHistory: the owner's or an admin's view of an open transaction
+        or of one that ended within the history retention; NOT_FOUND for anyone else,
+        exactly as for an unknown id. One read (header, end record, entries)."""
+        note(tx=tx_id)
+        recorded = await hist.read(self.store, self.keys, tx_id)
+        h, end = recorded.header, recorded.end
+        if h is not None:
+            view = TransactionHistory(h.id, h.status, h.agent_id, h.principal, h.created_at,
+                                      0.0, "", "", 0, 0, [])
+        elif end is not None:
+            view = TransactionHistory(tx_id, end.status, end.agent_id, end.principal,
+                                      end.created_at, end.ended_at, end.ended_by, end.reason,
+                                      end.steps_committed, end.effects, [])
+        else:
+            raise NotFound(f"transaction {tx_id} not found (unknown, or its history is "
+                           "older than the history retention)")
+        if view.principal != caller.principal and not caller.admin:
+            raise NotFound(f"transaction {tx_id} not found (unknown, or its history is "
+                           "older than the history retention)")
+        budget = self.limits.response_budget - history_header_bytes(view)
+        view.steps = hist.fit(recorded.entries, budget)
+        note(history_steps=len(view.steps))
+        return view
+
+    async def keep_history_alive(self, pinned: set[int]) -> int:
+        """Keep the history of open transactions from expiring: `pinned` are the leases
+        their headers name (the reaper calls it after each sweep)."""
+        return await self.pinned_history.keep_alive(pinned)
+
     async def list(self, caller: Caller, *, page_size: int = 0, page_token: str = "",
                    status: str = "", agent_id_prefix: str = "") -> TransactionPage:
-        """Open transactions, a page at a time, in id order (admin principals only once
-        authentication is on: the servicer checks). Reads headers only."""
+        """Open transactions, a page at a time, in id order: an admin's view holds every
+        transaction, anyone else's only their own. Reads headers only."""
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         prefix = self.keys.headers_prefix()
         start = prefix + page_token.encode() + b"\x00" if page_token else None
@@ -298,6 +378,8 @@ class Engine:
             for kv in page:
                 h = decode_header(kv.value)
                 last = h.id
+                if not caller.admin and h.principal != caller.principal:
+                    continue
                 if status and h.status != status:
                     continue
                 if agent_id_prefix and not h.agent_id.startswith(agent_id_prefix):
@@ -312,26 +394,60 @@ class Engine:
         note(listed=len(out))
         return TransactionPage(out, last if more else "")
 
+    # ---- approvals (docs/approvals.md) ------------------------------------------------------
+
+    async def list_approvals(self, caller: Caller = ANONYMOUS, *, page_size: int = 0,
+                             page_token: str = "") -> ApprovalPage:
+        """ListApprovals: the pending approvals the caller may decide."""
+        return await self.approvals.list(caller, page_size=page_size, page_token=page_token,
+                                         budget=self.limits.response_budget)
+
+    async def decide(self, tx_id: str, digest: str, approve: bool, reason: str,
+                     caller: Caller = ANONYMOUS) -> DecisionOutcome:
+        """DecideApproval: approve (commit now) or reject (compensate) a pending approval."""
+        return await self.approvals.decide(caller, tx_id, digest, approve, reason)
+
+    async def expire_approval(self, tx_id: str, header_rev: int,
+                              fence: Callable[[], Sequence[Compare]]) -> bool:
+        """The reaper: reject a transaction whose approval timed out."""
+        return await self.approvals.expire(tx_id, header_rev, fence)
+    async def status(self) -> ServiceCounts:
+        """GetServiceStatus' counts: count-only reads, never a value (engine.status)."""
+        return await read_counts(self.store, self.keys)
+
     # ---- tools -----------------------------------------------------------------------------
 
-    def list_tools(self, caller: Caller = ANONYMOUS) -> Sequence[ToolDescription]:
-        """The tools the caller may use, as ListTools shows them."""
-        return describe_all(self.tools)
+    async def list_tools(self, caller: Caller = ANONYMOUS) -> Sequence[ToolDescription]:
+        """The tools the caller may use, as ListTools shows them: built-ins, plug-ins and
+        the toolsets in the caller's scope (docs/toolsets.md)."""
+        out = list(describe_all(self.tools))
+        if self.tools.source is not None:
+            out += await self.tools.source.describe(Scope(caller.authenticated,
+                                                          caller.namespace))
+        return out
 
     # ---- reaper ----------------------------------------------------------------------------
 
     async def expire(self, tx_id: str, header_rev: int,
-                     fence: Callable[[], Sequence[Compare]]) -> bool:
+                     fence: Callable[[], Sequence[Compare]], idle_timeout_s: float = 0) -> bool:
         """Abort an idle transaction and compensate it. Every write carries `fence()`
         (the reaper's leadership compares), so a paused ex-leader cannot act. Returns
-        False when the transaction moved on meanwhile (it is not idle any more)."""
+        False when the transaction moved on meanwhile (it is not idle any more). Its
+        history says EXPIRED, ended by "reaper"."""
         async with self.txs.locked(tx_id):
             state = await self.loader.for_step(tx_id, (), (), use_cache=False)
             if state.rev != header_rev:
                 return False
+            try:  # a call a dead replica left half-done is finished first
+                state = await self.undoer.settle(state)
+            except (FailedPrecondition, NotFound):
+                return False
             records = await self.loader.records(state, list(reversed(state.header.live)))
+            idle = idle_timeout_s or state.header.policy.idle_timeout_s
+            ending = Ending(EXPIRED, "reaper", f"no call for {idle:g} s (idle timeout)")
             try:
-                result = await self.undoer.run(state, records, Target(0, True, False),
+                result = await self.undoer.run(state, records,
+                                               Target(0, True, False, ending=ending),
                                                fence=fence)
             except Stale:
                 return False

@@ -70,9 +70,19 @@ def constraints_bytes(constraints: tuple[str, ...] | list[str]) -> int:
     return sum(len(c.encode()) + 4 for c in constraints)
 
 
+def approval_bytes(budget: Budget) -> int:
+    """What a pending approval's record (ListApprovals' entry, written by the commit that
+    stops at the gate) needs for this transaction: every gated call and effect the steps
+    recorded, and the write set's keys."""
+    return budget.gated_bytes + COMMIT_KEY_OVERHEAD * (budget.write_keys + 1)
+
+
 def check_step(limits: Limits, after: Budget, *, step_compares: int, step_ops: int,
-               step_bytes: int, output_bytes: int, constraints: tuple[str, ...]) -> str | None:
-    """The program_limit_exceeded message for a step that would not fit, else None."""
+               step_bytes: int, output_bytes: int, constraints: tuple[str, ...],
+               approval: bool = False) -> str | None:
+    """The program_limit_exceeded message for a step that would not fit, else None.
+    `approval`: the transaction may stop at the approval gate, so its approval record
+    must fit one etcd write and one ListApprovals answer too."""
     ops = limits.max_txn_ops
     if after.read_keys + 1 > ops:
         return (f"program limit exceeded: the transaction would read or write "
@@ -103,6 +113,13 @@ def check_step(limits: Limits, after: Budget, *, step_compares: int, step_ops: i
         return (f"program limit exceeded: the transaction's context log would reach "
                 f"{after.context_bytes} bytes; a GetTransaction response carries at most "
                 f"{answer} (raw_context counts)")
+    if approval:
+        record = approval_bytes(after)
+        most = min(answer, limits.commit_bytes)
+        if record > most:
+            return (f"program limit exceeded: what this transaction would ask a person to "
+                    f"approve would reach {record} bytes; one approval carries at most "
+                    f"{most}")
     return None
 
 

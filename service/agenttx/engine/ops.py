@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..contracts.layout import Keys
+from ..contracts.outbox import reservation_value
 from ..store.ops import (
     Compare,
     Delete,
@@ -26,6 +27,7 @@ from ..store.ops import (
     op_delete_prefix,
 )
 from .state import (
+    GatedCall,
     StagedEffect,
     StepRecord,
     Touched,
@@ -33,6 +35,7 @@ from .state import (
     WriteState,
     encode_context,
     encode_effect,
+    encode_gated,
     encode_header,
     encode_step,
     encode_touched,
@@ -62,10 +65,6 @@ def is_data_key(data_key: bytes) -> bool:
     return not data_key.startswith(b"fs:")
 
 
-def reservation_value(tx_id: str, step_id: int, state: str) -> bytes:
-    return to_json({"tx": tx_id, "step": step_id, "state": state})
-
-
 # ---- a step that applied -------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -82,11 +81,13 @@ class StepChanges:
 
 
 def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
-              record: StepRecord | None, raw_context: str, changes: StepChanges) -> TxnPlan:
+              record: StepRecord | None, raw_context: str, changes: StepChanges, *,
+              history: Sequence[Put] = (), gated: Sequence[GatedCall] = ()) -> TxnPlan:
     """The CAS of a step: new header, the step record (None for a failed step, which
     records only what it observed), its raw_context, touched entries, staged effects,
-    reservations and lock. Its failure branch reads back everything it compared, so a
-    lost compare tells the engine what actually changed (`read_back_keys`)."""
+    reservations, lock, its history entry and, when its tool needs approval, its gated
+    call. Its failure branch reads back everything it compared, so a lost compare tells
+    the engine what actually changed (`read_back_keys`)."""
     tx = header.id
     hkey = keys.tx_header(tx)
     compares: list[Compare] = [cmp_mod(hkey, rev)]
@@ -113,8 +114,22 @@ def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
             success.append(Put(changes.lock_new, tx.encode()))
         elif changes.lock_held is not None:
             compares.append(cmp_value(changes.lock_held, tx.encode()))
+        for i, call in enumerate(gated):
+            success.append(Put(keys.gate(tx, record.step_id, i), encode_gated(call)))
+    success.extend(history)
     failure: list[Op] = [Get(k) for k in read_back_keys(hkey, compares)]
     return TxnPlan(compares, success, failure)
+
+
+def intent_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
+                intent: bytes) -> TxnPlan:
+    """The CAS before a toolset saga call: the header with its `SagaPending` marker and
+    what the call is (`tx/<id>/intent`), so a crash between the call and the step's own
+    CAS is found and settled (docs/toolsets.md, "Crash windows")."""
+    hkey = keys.tx_header(header.id)
+    return TxnPlan([cmp_mod(hkey, rev)],
+                   [Put(hkey, encode_header(new_header)), Put(keys.saga_intent(header.id), intent)],
+                   [Get(hkey)])
 
 
 def read_back_keys(header_key: bytes, compares: Sequence[Compare]) -> list[bytes]:
@@ -169,10 +184,13 @@ def undone_entries(done: Sequence[StepRecord]) -> dict[bytes, Touched]:
 def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
                   done: Sequence[StepRecord], *, fence: Sequence[Compare] = (),
                   observations: Mapping[bytes, Touched] | None = None,
-                  observed: Mapping[bytes, int] | None = None) -> TxnPlan:
+                  observed: Mapping[bytes, int] | None = None,
+                  history: Sequence[Put] = ()) -> TxnPlan:
     """The CAS that records undone steps (`done`, a suffix of the live steps, in undo
-    order): their records, contexts and effects deleted, their keys' entries restored,
-    their reservations and locks released, the new header written."""
+    order): their records, contexts, effects and gated calls deleted, their keys'
+    entries restored, their reservations and locks released, the new header written
+    (and the failed step's history entry, when a failure caused it). A transaction that
+    was awaiting approval and does not end here is no longer listed as pending."""
     tx = header.id
     hkey = keys.tx_header(tx)
     compares: list[Compare] = [cmp_mod(hkey, rev), *fence]
@@ -185,6 +203,7 @@ def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
         success.append(op_delete_from(keys.step(tx, first), keys.steps_prefix(tx)))
         success.append(op_delete_from(keys.context(tx, first), keys.context_prefix(tx)))
         success.append(op_delete_from(keys.effect(tx, first, 0), keys.effects_prefix(tx)))
+        success.append(op_delete_from(keys.gate(tx, first, 0), keys.gates_prefix(tx)))
     entries = dict(observations or {})
     entries.update(undone_entries(done))
     for dk, entry in entries.items():
@@ -195,6 +214,9 @@ def rollback_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
         if record.fs is not None and record.fs.lock_new:
             compares.append(cmp_value(record.fs.lock_key, tx.encode()))
             success.append(Delete(record.fs.lock_key))
+    if new_header.pending is None:
+        success.extend(leave_approval_ops(keys, header))
+    success.extend(history)
     return TxnPlan(compares, success, [Get(k) for k in read_back_keys(hkey, compares)])
 
 
@@ -207,6 +229,8 @@ def end_ops(keys: Keys, header: TxHeader, *, locks: Iterable[bytes],
                      Delete(keys.tx_touch(tx))]
     if header.quota_slot >= 0:
         ops.append(Delete(keys.open_slot(header.principal, header.quota_slot)))
+    if header.pending is not None:  # it was awaiting approval: no longer listed
+        ops.append(Delete(keys.approval(tx)))
     for lock in dict.fromkeys(locks):
         ops.append(Delete(lock))
     for resv in dict.fromkeys(reservations):
@@ -216,15 +240,18 @@ def end_ops(keys: Keys, header: TxHeader, *, locks: Iterable[bytes],
 
 def abort_plan(keys: Keys, header: TxHeader, rev: int, *, locks: Iterable[bytes],
                reservations: Iterable[bytes], fence: Sequence[Compare] = (),
-               observed: Mapping[bytes, int] | None = None) -> TxnPlan:
-    """End the transaction without applying anything (abort, expiry, conflict)."""
+               observed: Mapping[bytes, int] | None = None,
+               history: Sequence[Put] = ()) -> TxnPlan:
+    """End the transaction without applying anything (abort, expiry, conflict), with its
+    history's end record (and the failed step's entry, when a failure ended it)."""
     hkey = keys.tx_header(header.id)
     compares: list[Compare] = [cmp_mod(hkey, rev), *fence]
     for dk, seen in (observed or {}).items():
         if is_data_key(dk):
             compares.append(cmp_mod(dk, seen))
-    return TxnPlan(compares, end_ops(keys, header, locks=locks, reservations=reservations),
-                   [Get(k) for k in read_back_keys(hkey, compares)])
+    success = end_ops(keys, header, locks=locks, reservations=reservations)
+    success.extend(history)
+    return TxnPlan(compares, success, [Get(k) for k in read_back_keys(hkey, compares)])
 
 
 # ---- commit --------------------------------------------------------------------------
@@ -241,7 +268,8 @@ class CommitSnapshot:
     outbox: Sequence[tuple[bytes, bytes]]          # (key, value) per effect, same order
 
 
-def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0) -> TxnPlan:
+def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0,
+                history: Sequence[Put] = ()) -> TxnPlan:
     """The commit of SPEC §2, as etcd's STM does it: compare every key of the read and
     write sets with the revision the transaction first observed (0 = absent), apply the
     buffered writes, move staged effects to the outbox (re-reserving their idempotency
@@ -269,5 +297,28 @@ def commit_plan(keys: Keys, snap: CommitSnapshot, *, reservation_lease: int = 0)
         success.append(Put(keys.effect_key(h.principal, effect.idempotency_key),
                            reservation_value(h.id, 0, "committed"), lease=reservation_lease))
     success.extend(end_ops(keys, h, locks=locks, reservations=()))
+    success.extend(history)  # the end record: one small key
     return TxnPlan(compares, success, [Get(hkey)])
 
+
+
+# ---- approval ------------------------------------------------------------------------
+
+def gate_plan(keys: Keys, header: TxHeader, rev: int, awaiting: TxHeader,
+              approval_record: bytes, notify: Sequence[tuple[bytes, bytes]] = ()) -> TxnPlan:
+    """The commit that stops at the gate (docs/approvals.md): the header becomes
+    AWAITING_APPROVAL (`awaiting`, with its pending digest), the pending approval is
+    listed (`Keys.approval`) and the notify event, if any, enters the outbox, all in one
+    compare-and-swap on the header. Nothing else is written: the data stays buffered
+    until a decision."""
+    hkey = keys.tx_header(header.id)
+    success: list[Op] = [Put(hkey, encode_header(awaiting)),
+                         Put(keys.approval(header.id), approval_record)]
+    success.extend(Put(key, value) for key, value in notify)
+    return TxnPlan([cmp_mod(hkey, rev)], success, [Get(hkey)])
+
+
+def leave_approval_ops(keys: Keys, header: TxHeader) -> list[Op]:
+    """What a transaction that stops awaiting approval without ending (an undo failed
+    while it was rejected) must also write: it is no longer listed."""
+    return [Delete(keys.approval(header.id))] if header.pending is not None else []

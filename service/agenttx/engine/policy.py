@@ -2,9 +2,13 @@
 
 A transaction's effective policy is resolved once, at begin: server defaults, overlaid
 with the set fields of the most specific matching `AgentTxPolicy`, overlaid with the
-fields set in the request's `policy`. Pure functions over plain data; the published
-record and its ranges live in `agenttx.contracts.policy` (shared with the operator).
-It never reads etcd or the Kubernetes API itself.
+fields set in the request's `policy`. Approvals combine differently (docs/approvals.md):
+the requirements of the default policy and of the matching AgentTxPolicy add up (a layer
+never removes one below's, and a request cannot touch them at all), while approvers,
+timeout and notify channel come from the most specific layer that sets each. Pure
+functions over plain data; the published record and its ranges live in
+`agenttx.contracts.policy` (shared with the operator). It never reads etcd or the
+Kubernetes API itself.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ from ..contracts.policy import (
     FACTOR_MAX,
     FACTOR_MIN,
     SERVER_DEFAULT_SOURCE,
+    ApprovalSettings,
     PublishedPolicy,
     RollbackSettings,
     parse_published_policy,
     policy_to_json,
+    resolve_approval,
 )
 
-__all__ = ["DEPTH_MAX", "DEPTH_MIN", "FACTOR_MAX", "FACTOR_MIN", "SERVER_DEFAULT_SOURCE",
+__all__ = ["ApprovalSettings", "DEPTH_MAX", "DEPTH_MIN", "FACTOR_MAX", "FACTOR_MIN", "SERVER_DEFAULT_SOURCE",
            "EffectivePolicy", "PublishedPolicy", "RollbackSettings", "matches",
            "parse_published_policy", "policy_to_json", "resolve_policy", "select_policy"]
 
@@ -60,6 +66,7 @@ class EffectivePolicy:
     idle_timeout_s: int
     sandbox_path: str | None  # None: the server's default fs root
     source: str  # "server-default" or "<ns>/<name>@<generation>"
+    approval: ApprovalSettings | None = None  # every field set; None: nothing is gated
 
 
 def resolve_policy(
@@ -70,12 +77,14 @@ def resolve_policy(
     request_max_local_depth: int | None,
     request_max_global_resets: int | None,
     request_replay_budget_factor: float | None,
+    default_approval: ApprovalSettings | None = None,
 ) -> EffectivePolicy:
     """Layer server defaults <- published policy's set fields <- request's set fields.
 
     Each field is taken independently from the highest layer that sets it. `source`
     names the published policy even when the request overrides some of its fields.
-    Raises ValueError if a request value is out of range.
+    The approval is `resolve_approval([default_approval, published.approval])`: the
+    request has no say in it. Raises ValueError if a request value is out of range.
     """
     depth = defaults.max_local_depth
     resets = defaults.max_global_resets
@@ -107,4 +116,6 @@ def resolve_policy(
         idle_timeout_s=idle,
         sandbox_path=sandbox,
         source=source,
+        approval=resolve_approval(
+            [default_approval, published.approval if published is not None else None]),
     )

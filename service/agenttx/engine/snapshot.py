@@ -18,10 +18,12 @@ from ..errors import NotFound
 from ..store.ops import Get, KeyValue, KeyValueStore, prefix_end
 from .cache import DataCache, TxCache, TxState
 from .state import (
+    GatedCall,
     StagedEffect,
     StepRecord,
     Touched,
     decode_effect,
+    decode_gated,
     decode_header,
     decode_step,
     decode_touched,
@@ -176,6 +178,15 @@ class Loader:
         self.txs.put(tx_id, state, _cost(state))
         return state
 
+    async def gated(self, tx_id: str) -> list[GatedCall]:
+        """The gated calls of live steps (docs/approvals.md), in step order: read at
+        commit only when the transaction's policy requires approvals."""
+        out: list[GatedCall] = []
+        async for page in self.store.pages(self.keys.gates_prefix(tx_id), page_size=16,
+                                           what="load"):
+            out += [decode_gated(kv.value) for kv in page]
+        return out
+
     # ---- helpers -----------------------------------------------------------------------
 
     def _header_state(self, tx_id: str, kv: KeyValue | None) -> TxState:
@@ -186,10 +197,9 @@ class Loader:
 
     def _effects(self, tx_id: str, kvs: Iterable[KeyValue]
                  ) -> dict[int, tuple[StagedEffect, ...]]:
-        prefix = self.keys.effects_prefix(tx_id)
         by_step: dict[int, list[StagedEffect]] = {}
         for kv in kvs:
-            step = int(kv.key[len(prefix):].split(b"/", 1)[0])
+            step = self.keys.step_of_effect(tx_id, kv.key)
             by_step.setdefault(step, []).append(decode_effect(kv.value))
         return {s: tuple(v) for s, v in by_step.items()}
 

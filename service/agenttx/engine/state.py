@@ -9,7 +9,11 @@ Layout (contracts.layout):
     tx/<id>/key/<data key> Touched      the transaction's view of one data key: the revision
                                         it observed first (read set) and its buffered write
     tx/<id>/fx/<n>/<i>     StagedEffect an effect staged by live step n
+    tx/<id>/gate/<n>/<i>   GatedCall    what live step n will do that needs approval: a
+                                        gated effect, or a gated tool's call (docs/approvals.md)
     tx/<id>/meta           metadata     BeginTransaction.metadata (audit only)
+    hist/<id>/...          history      kept after the end on shared leases (engine.history,
+                                        which has its own records and codec)
 
 Why this shape (SPEC §2 "cost does not grow"): a step reads and writes the header plus
 the entries of the keys it touches and nothing else, so step 500 costs what step 1
@@ -30,8 +34,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contracts.policy import ApprovalSettings, approval_from_spec, approval_to_spec
+
 ACTIVE = "ACTIVE"
 AWAITING_ROLLBACK = "AWAITING_ROLLBACK"
+AWAITING_APPROVAL = "AWAITING_APPROVAL"
 
 
 def to_json(doc: Any) -> bytes:
@@ -68,6 +75,7 @@ class Budget:
     effect_bytes: int = 0
     locks: int = 0           # fs locks held
     context_bytes: int = 0   # raw_context of live steps: GetTransaction's context log
+    gated_bytes: int = 0     # resolved arguments of gated steps (the approval's record)
 
     def plus(self, other: Budget) -> Budget:
         return Budget(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
@@ -81,7 +89,7 @@ class Budget:
 
 def _fields(b: Budget) -> tuple[int, ...]:
     return (b.read_keys, b.write_keys, b.write_bytes, b.effects, b.effect_bytes, b.locks,
-            b.context_bytes)
+            b.context_bytes, b.gated_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +108,26 @@ class FsPending:
 
 
 @dataclass(frozen=True, slots=True)
+class SagaPending:
+    """A toolset saga call that may have reached its upstream before its step was
+    recorded (docs/toolsets.md, "Crash windows"). Set by one CAS before the call (the
+    call's arguments, idempotency key and compensation are in `tx/<id>/intent`, so the
+    header keeps its constant size), cleared by the step's own CAS. A replica that finds
+    it set once `owner` is gone (or `until` passed) cannot know whether the upstream
+    acted: it compensates from the arguments, or holds the transaction for a manual
+    rollback when the compensation needs the call's output."""
+
+    step_id: int
+    attempt: str
+    owner: str
+    since: float
+    until: float                    # the call cannot still be running after this
+    # a RollbackTransaction was told that this call needs a person (its compensation
+    # needs the call's output); the next one releases it
+    reported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class UndoIntent:
     """A rollback in progress: durable before any file or saga is undone, so a replica
     that dies half-way leaves a plan any replica resumes (undo actions are idempotent).
@@ -113,6 +141,18 @@ class UndoIntent:
     next_step_id: int = 0
     global_resets: int = 0
     replay_used: int = 0
+    # end: how it ends (status, ended_by, reason), for the history of whoever finishes it
+    ending: tuple[str, str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """The transaction asked for approval at commit (status AWAITING_APPROVAL): what the
+    approver must name (`digest`), and until when (the reaper rejects it then)."""
+
+    digest: str
+    requested_at: float
+    expires_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +174,14 @@ class TxHeader:
     quota_slot: int = -1            # <prefix>/open/<principal>/<slot>, -1: none
     fs_pending: FsPending | None = None
     undoing: UndoIntent | None = None
+    history_seq: int = 0            # history entries written (engine.history): the next key
+    history_lease: int = 0          # the lease its history entries are on (0: none yet)
+    saga_pending: SagaPending | None = None
+    # the effective approval, resolved at begin (None: nothing is gated), and the
+    # namespace of the principal (whose approvers may decide; docs/approvals.md)
+    approval: ApprovalSettings | None = None
+    namespace: str | None = None
+    pending: PendingApproval | None = None
 
     @property
     def live(self) -> range:
@@ -209,6 +257,20 @@ class StagedEffect:
 
 
 @dataclass(frozen=True, slots=True)
+class GatedCall:
+    """tx/<id>/gate/<n>/<i>: what live step n will do that needs approval, recorded by
+    the step itself (docs/approvals.md): an effect it staged on a gated channel, or
+    staged while its tool is gated (`channel` and the payload), else the call of a gated
+    tool (`channel` "", its resolved arguments). The approver sees it; the digest binds
+    it."""
+
+    step_id: int
+    tool: str
+    channel: str
+    arguments: Any
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     step_id: int
     tool: str
@@ -253,6 +315,21 @@ def encode_header(h: TxHeader) -> bytes:
         u = h.undoing
         doc["un"] = [list(u.steps), u.owner, u.since, u.end, u.automatic, u.next_step_id,
                      u.global_resets, u.replay_used]
+        if u.ending is not None:
+            doc["un"].append(list(u.ending))
+    if h.history_seq:
+        doc["hs"] = h.history_seq
+    if h.history_lease:
+        doc["hl"] = h.history_lease
+    if h.saga_pending is not None:
+        g = h.saga_pending
+        doc["sp"] = [g.step_id, g.attempt, g.owner, g.since, g.until, g.reported]
+    if h.approval is not None:
+        doc["ap"] = approval_to_spec(h.approval)
+    if h.namespace is not None:
+        doc["ns"] = h.namespace
+    if h.pending is not None:
+        doc["pa"] = [h.pending.digest, h.pending.requested_at, h.pending.expires_at]
     return to_json(doc)
 
 
@@ -261,6 +338,8 @@ def decode_header(raw: bytes) -> TxHeader:
     po = d["po"]
     fp = d.get("fp")
     un = d.get("un")
+    sp = d.get("sp")
+    pa = d.get("pa")
     return TxHeader(
         id=d["id"], principal=d["pr"], agent_id=d["ag"], status=d["st"],
         policy=TxPolicy(int(po[0]), int(po[1]), float(po[2]), int(po[3]), po[4], po[5]),
@@ -268,8 +347,14 @@ def decode_header(raw: bytes) -> TxHeader:
         highest_step=d["hi"], replay_used=d["ru"], global_resets=d["gr"],
         constraints=tuple(d["co"]), budget=_budget(d.get("bu")), quota_slot=d.get("qs", -1),
         fs_pending=FsPending(fp[0], fp[1], fp[2], fp[3], fp[4]) if fp else None,
-        undoing=UndoIntent(tuple(un[0]), un[1], un[2], un[3], un[4], un[5], un[6], un[7])
+        undoing=UndoIntent(tuple(un[0]), un[1], un[2], un[3], un[4], un[5], un[6], un[7],
+                           tuple(un[8]) if len(un) > 8 else None)  # type: ignore[arg-type]
         if un else None,
+        history_seq=d.get("hs", 0), history_lease=d.get("hl", 0),
+        saga_pending=SagaPending(sp[0], sp[1], sp[2], sp[3], sp[4], sp[5]) if sp else None,
+        approval=approval_from_spec(d["ap"]) if "ap" in d else None,
+        namespace=d.get("ns"),
+        pending=PendingApproval(pa[0], float(pa[1]), float(pa[2])) if pa else None,
     )
 
 
@@ -334,6 +419,15 @@ def decode_context(raw: bytes) -> tuple[str, str]:
     head, _, rest = raw.partition(b":")
     n = int(head)
     return rest[:n].decode(), rest[n:].decode("utf-8", "surrogatepass")
+
+
+def encode_gated(g: GatedCall) -> bytes:
+    return to_json([g.step_id, g.tool, g.channel, g.arguments])
+
+
+def decode_gated(raw: bytes) -> GatedCall:
+    d = from_json(raw)
+    return GatedCall(int(d[0]), d[1], d[2], d[3])
 
 
 def encode_effect(e: StagedEffect) -> bytes:

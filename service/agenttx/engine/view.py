@@ -30,6 +30,7 @@ from typing import Any
 
 from ..args.jsonargs import dumps
 from ..contracts.layout import Keys, encode_id, fs_id
+from ..contracts.outbox import idempotency_key_problem
 from ..store.ops import KeyValue
 from ..tools.base import ToolError
 from . import sandbox
@@ -41,6 +42,8 @@ LOCK_MESSAGE = 'could not obtain lock on row in relation "fs"'
 # Reads the view makes when it must: (touched-entry keys, committed keys) -> results.
 Fetch = Callable[[list[bytes], list[bytes]], Awaitable[tuple[dict[bytes, Touched | None],
                                                                  dict[bytes, KeyValue | None]]]]
+# The durable intent a toolset saga call needs before it is made (steps.Stepper writes it).
+RecordIntent = Callable[[dict[str, Any], float], Awaitable[None]]
 
 
 def kv_data_id(key: str) -> str:
@@ -69,7 +72,7 @@ class StepView:
 
     def __init__(self, *, keys: Keys, state: TxState, data: DataCache, fetch: Fetch,
                  step_id: int, attempt: str, owner: str, channel_names: Callable[[], list[str]],
-                 fresh: bool) -> None:
+                 fresh: bool, record_intent: RecordIntent | None = None) -> None:
         self.keys = keys
         self.state = state
         self.data = data
@@ -101,6 +104,7 @@ class StepView:
         self.fs: FsPlan | None = None
         self.lock_new: bytes | None = None     # fs lock this step takes (compare absent)
         self.lock_held: bytes | None = None    # fs lock this transaction holds already
+        self._record_intent = record_intent
 
     # ---- entries and committed state ---------------------------------------------------
 
@@ -239,6 +243,25 @@ class StepView:
         if channel not in names:
             raise ToolError(f'channel "{channel}" does not exist; configured channels: '
                             f"{', '.join(names)}", argument="channel")
+        if idempotency_key:  # absent or empty: generate one (docs/tools.md)
+            problem = idempotency_key_problem(idempotency_key)
+            if problem is not None:
+                raise ToolError(f"idempotency_key: {problem}", argument="idempotency_key")
+        return self._stage(channel, payload, idempotency_key)
+
+    def stage_deferred(self, channel: str, payload: Any) -> str:
+        """Stage a toolset's deferred call: an effect on the toolset's own channel
+        (`toolset:<ns>/<name>`, which no configured channel and no `effect.stage` can
+        name), with a generated idempotency key reserved like any effect's."""
+        return self._stage(channel, payload, None)
+
+    async def record_intent(self, intent: dict[str, Any], timeout_s: float) -> None:
+        """Make a toolset saga call's intent durable before the call (one CAS)."""
+        if self._record_intent is None:
+            raise RuntimeError("this step cannot record a saga intent")
+        await self._record_intent(intent, timeout_s)
+
+    def _stage(self, channel: str, payload: Any, idempotency_key: str | None) -> str:
         key = idempotency_key or f"{self.tx_id}-{self.step_id}-{uuid.uuid4().hex[:12]}"
         reservation = self.keys.effect_key(self.owner, key)
         taken = reservation in self.effect_keys or self._staged_here(key)

@@ -7,8 +7,8 @@ metric cannot silently leave a dashboard panel empty.
 Label values are bounded by construction: `rpc` is a method name, `code` a gRPC code
 name, `tool` a registered tool name (anything else is `unknown`), `strategy`, `status`,
 `operation`, `channel` and `role` come from closed sets. Never a transaction or agent id.
-Gauges computed by a leader (open transactions, outbox depth) are 0 on other replicas,
-so dashboards aggregate them with `max`.
+Gauges computed by a leader (open transactions, approvals pending, outbox depth, dead
+letters) are 0 on other replicas, so dashboards aggregate them with `max`.
 """
 
 from __future__ import annotations
@@ -22,15 +22,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ..version import __version__
 
 RPCS = ("BeginTransaction", "ExecuteStep", "CommitTransaction", "RollbackTransaction",
-        "GetTransaction", "ListTransactions")
+        "GetTransaction", "ListTransactions", "ListApprovals", "DecideApproval")
 STEP_STATUSES = ("success", "rollback_triggered", "failed")
 STRATEGIES = ("local_backtrack", "dependency_jump", "global_reset", "manual", "abort")
 # etcd round trips, by what the replica was doing (store.client `what=` names map here).
 ETCD_OPERATIONS = ("begin", "step", "load", "commit", "rollback", "get", "list", "touch",
                    "reaper", "outbox", "lease", "policy", "auth", "other")
-TX_OUTCOMES = ("committed", "conflict", "aborted", "failed", "expired")
+TX_OUTCOMES = ("committed", "conflict", "aborted", "failed", "expired", "rejected")
+# How a pending approval ended (docs/approvals.md): an approver approved (and it
+# committed) or rejected it, it timed out (the reaper), its owner rolled it back, or it
+# was approved but a key it read or wrote had been committed by another transaction.
+APPROVAL_DECISIONS = ("approved", "rejected", "expired", "withdrawn", "conflict")
 ROLES = ("dispatcher", "reaper")
-DELIVERY_RESULTS = ("delivered", "failed")
+# delivered: the receiver confirmed; failed: a transient failure, retried with backoff;
+# refused: a permanent refusal, moved to the dead letters (effects.delivery).
+DELIVERY_RESULTS = ("delivered", "failed", "refused")
 
 # Latency buckets for a service whose floor is ~1-2 ms (one gRPC hop + one etcd write).
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1,
@@ -75,12 +81,27 @@ class Metrics:
         self.awaiting_rollback = Gauge(
             "agenttx_transactions_awaiting_rollback", "Transactions waiting for a manual "
             "RollbackTransaction (reported by the reaper leader; 0 elsewhere).", registry=r)
+        self.approvals_pending = Gauge(
+            "agenttx_approvals_pending", "Transactions awaiting a person's approval "
+            "(reported by the reaper leader; 0 elsewhere).", registry=r)
+        self.approval_oldest_age = Gauge(
+            "agenttx_approval_oldest_pending_seconds", "How long the oldest pending "
+            "approval has waited (reaper leader; 0 elsewhere, and when none is pending).",
+            registry=r)
+        self.approval_decisions = Counter(
+            "agenttx_approval_decisions_total", "Pending approvals ended, by how: approved, "
+            "rejected, expired, withdrawn (rolled back by their owner), conflict (approved, "
+            "but aborted by a conflicting commit).", ["decision"], registry=r)
         self.outbox_depth = Gauge(
             "agenttx_outbox_depth", "Committed effects not yet confirmed delivered (reported "
             "by the dispatcher leader; 0 elsewhere).", registry=r)
         self.outbox_oldest_age = Gauge(
             "agenttx_outbox_oldest_age_seconds", "Age of the oldest undelivered effect "
             "(dispatcher leader; 0 elsewhere).", registry=r)
+        self.dead_letters = Gauge(
+            "agenttx_effects_dead_letters", "Deliveries refused permanently and kept as dead "
+            "letters until an admin retries or discards them (dispatcher leader; 0 "
+            "elsewhere).", registry=r)
         self.delivery_attempts = Counter(
             "agenttx_effect_delivery_attempts_total", "Effect delivery attempts, by channel.",
             ["channel"], registry=r)
@@ -117,6 +138,8 @@ class Metrics:
             self.cas_conflicts.labels(op)
         for outcome in TX_OUTCOMES:
             self.transactions_ended.labels(outcome)
+        for decision in APPROVAL_DECISIONS:
+            self.approval_decisions.labels(decision)
         for channel in channels:
             self.delivery_attempts.labels(channel)
             for result in DELIVERY_RESULTS:
@@ -134,7 +157,10 @@ EXPORTED = frozenset({
     "agenttx_etcd_requests_total", "agenttx_etcd_request_duration_seconds",
     "agenttx_cas_conflicts_total", "agenttx_transactions_ended_total",
     "agenttx_open_transactions", "agenttx_transactions_awaiting_rollback",
+    "agenttx_approvals_pending", "agenttx_approval_oldest_pending_seconds",
+    "agenttx_approval_decisions_total",
     "agenttx_outbox_depth", "agenttx_outbox_oldest_age_seconds",
-    "agenttx_effect_delivery_attempts_total", "agenttx_effect_deliveries_total",
+    "agenttx_effects_dead_letters", "agenttx_effect_delivery_attempts_total",
+    "agenttx_effect_deliveries_total",
     "agenttx_leader",
 })

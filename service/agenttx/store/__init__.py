@@ -1,1 +1,2 @@
-"""etcd access: the gateway (typed ops, CAS), the key layout, leases, the embedded etcd."""
+"""etcd access: the gateway (`client`: typed ops, CAS, the only holder of the raw etcd
+client), the one watch loop (`watch`), the one lease keeper and leader leases (`lease`)."""

@@ -15,6 +15,7 @@ not have applied; the caller re-reads and decides (see engine/).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import pathlib
 import time
@@ -38,6 +39,7 @@ from .ops import (  # noqa: F401
     Op,
     Put,
     TxnResult,
+    WatchEvent,
     cmp_absent,
     cmp_create,
     cmp_exists,
@@ -197,11 +199,36 @@ def translate(exc: BaseException, what: str) -> Exception:
     return StoreError(f"etcd {what} failed: {type(exc).__name__}")
 
 
+class WatchStream:
+    """One open etcd watch: iterate for `WatchEvent`s in revision order; `cancel()` ends
+    it. A failure of the stream surfaces as StoreUnavailable / StoreError."""
+
+    def __init__(self, watch: Any, what: str) -> None:
+        self._watch = watch
+        self._what = what
+
+    async def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        try:
+            async for event in self._watch:
+                kv = event.kv
+                deleted = str(event.kind).upper().endswith("DELETE")
+                yield WatchEvent(bytes(kv.key), None if deleted else bytes(kv.value),
+                                 int(kv.mod_revision))
+        except Exception as exc:  # translated: callers see only domain errors
+            raise translate(exc, self._what) from exc
+
+    async def cancel(self) -> None:
+        await self._watch.cancel()
+
+
 class Store:
-    """Typed reads and guarded writes over one EtcdClient."""
+    """Typed reads and guarded writes over one EtcdClient.
+
+    The client is private: nothing outside this package talks to etcd except through
+    these methods (leases: `store.lease`; watches: `store.watch`)."""
 
     def __init__(self, client: EtcdClient, timeout: float = 5.0) -> None:
-        self.client = client
+        self._etcd = client
         self.timeout = timeout
 
     @staticmethod
@@ -221,12 +248,12 @@ class Store:
     async def txn(self, compare: Sequence[Compare], success: Sequence[Op],
                   failure: Sequence[Op] = (), what: str = "write") -> TxnResult:
         """ONE guarded etcd transaction. Never retried here (see module docstring)."""
-        await self.client.connect()
+        await self._etcd.connect()
         req = rpc.TxnRequest(compare=[_pb_compare(c) for c in compare],
                              success=[_pb_op(o) for o in success],
                              failure=[_pb_op(o) for o in failure])
         with tracing.etcd_span(operation_label(what)):
-            resp = await self._round_trip(what, self.client.kvstub.Txn, req, timeout=self.timeout)
+            resp = await self._round_trip(what, self._etcd.kvstub.Txn, req, timeout=self.timeout)
         results: list[list[KeyValue] | None] = []
         for r in resp.responses:
             if r.WhichOneof("response") == "response_range":
@@ -251,17 +278,19 @@ class Store:
         return {k: res.first(i) for i, k in enumerate(wanted)}
 
     async def pages(self, prefix: bytes, *, start: bytes | None = None,
-                    page_size: int = PAGE_SIZE, what: str = "read"
+                    page_size: int = PAGE_SIZE, what: str = "read", keys_only: bool = False
                     ) -> AsyncIterator[list[KeyValue]]:
         """The keys of `prefix` (from `start` on) in pages of `page_size`, all read at the
-        revision of the first page, so the pages form one consistent snapshot."""
+        revision of the first page, so the pages form one consistent snapshot. With
+        `keys_only` the values are not sent (each KeyValue's value is b"")."""
         end = prefix_end(prefix)
         key = start or prefix
         revision = 0
-        await self.client.connect()
+        await self._etcd.connect()
         while True:
-            req = rpc.RangeRequest(key=key, range_end=end, limit=page_size, revision=revision)
-            resp = await self._round_trip(what, self.client.kvstub.Range, req, timeout=self.timeout)
+            req = rpc.RangeRequest(key=key, range_end=end, limit=page_size, revision=revision,
+                                   keys_only=keys_only)
+            resp = await self._round_trip(what, self._etcd.kvstub.Range, req, timeout=self.timeout)
             if not revision:
                 revision = int(resp.header.revision)
             kvs = [_kv(m) for m in resp.kvs]
@@ -279,9 +308,9 @@ class Store:
         return out
 
     async def count(self, prefix: bytes, what: str = "read") -> int:
-        await self.client.connect()
+        await self._etcd.connect()
         req = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=True)
-        resp = await self._round_trip(what, self.client.kvstub.Range, req, timeout=self.timeout)
+        resp = await self._round_trip(what, self._etcd.kvstub.Range, req, timeout=self.timeout)
         return int(resp.count)
 
     async def put(self, key: bytes, value: bytes, lease: int = 0, what: str = "put") -> int:
@@ -292,21 +321,52 @@ class Store:
 
     async def grant_lease(self, ttl_s: int, what: str = "lease") -> tuple[int, int]:
         """A new lease: (id, granted ttl)."""
-        await self.client.connect()
-        lease = await self._round_trip(what, self.client.lease, ttl_s, failure="lease grant")
+        await self._etcd.connect()
+        lease = await self._round_trip(what, self._etcd.lease, ttl_s, failure="lease grant")
         return int(lease.id), int(lease.ttl)
+
+    async def refresh_lease(self, lease_id: int, *, timeout: float | None = None,
+                            what: str = "lease") -> int:
+        """One keepalive of a lease: the TTL etcd granted again, 0 when the lease has
+        expired or was revoked. Raises StoreUnavailable / StoreError (also when no
+        answer came within `timeout`, default the store's)."""
+        await self._etcd.connect()
+        reply = await self._round_trip(
+            what, asyncio.wait_for, self._etcd.refresh_lease(lease_id),
+            timeout=self.timeout if timeout is None else timeout, failure="lease refresh")
+        return 0 if reply is None else max(0, int(reply.TTL))
+
+    async def revoke_lease(self, lease_id: int, *, timeout: float | None = None,
+                           what: str = "lease") -> None:
+        """Revoke a lease, deleting every key attached to it. Raises StoreUnavailable /
+        StoreError when etcd cannot be told (the lease then expires on its own)."""
+        await self._etcd.connect()
+        await self._round_trip(
+            what, asyncio.wait_for, self._etcd.revoke_lease(lease_id),
+            timeout=self.timeout if timeout is None else timeout, failure="lease revoke")
+
+    async def watch(self, key: bytes, *, range_end: bytes | None = None,
+                    start_revision: int, what: str = "watch") -> WatchStream:
+        """Open a watch of `key` (or [key, range_end)) from `start_revision`, inclusive.
+        Raises StoreUnavailable / StoreError when it cannot be created (RevisionCompacted
+        included: the caller reloads). Use `agenttx.store.watch.Watch`, which keeps a
+        view current across interruptions, rather than this."""
+        await self._etcd.connect()
+        watch = await self._round_trip(what, self._etcd.watch, key, range_end=range_end,
+                                       start_revision=start_revision)
+        return WatchStream(watch, what)
 
     async def ping(self, timeout: float) -> None:
         """One cheap round trip (a 1-key range), for readiness; raises StoreUnavailable."""
-        await self.client.connect()
+        await self._etcd.connect()
         try:
-            await self.client.kvstub.Range(rpc.RangeRequest(key=b"\x00", limit=1),
+            await self._etcd.kvstub.Range(rpc.RangeRequest(key=b"\x00", limit=1),
                                            timeout=timeout)
         except Exception as exc:
             raise translate(exc, "health check") from exc
 
     async def close(self) -> None:
-        await self.client.close()
+        await self._etcd.close()
 
 
 def connect(endpoints: Sequence[str], *, timeout: float = 5.0, ca_file: str | None = None,

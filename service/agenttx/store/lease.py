@@ -1,6 +1,12 @@
-"""A leader lease on one etcd key, with fencing: who may run a singleton background job.
+"""etcd leases: the one keeper that keeps a lease alive (`LeaseKeeper`), and on it a
+leader lease on one etcd key, with fencing: who may run a singleton background job.
 
-Why this module exists: the outbox dispatcher and the idle-transaction reaper must each
+Why one keeper: a replica's presence key and each leader key live on a lease that must
+be granted, refreshed every third of its TTL, re-granted (presence) or given up (a
+leader) once it is lost, and revoked on stop; written once here, it is also the only
+code outside `client.py` that asks etcd anything about leases.
+
+Why leader leases: the outbox dispatcher and the idle-transaction reaper must each
 run on one replica at a time (SPEC §2, §6). An etcd lease alone is not mutual exclusion:
 a holder paused past its TTL (GC, VM stall, partition) wakes up still believing it leads
 (Jepsen, etcd 3.4.3). So leadership here has two halves:
@@ -23,14 +29,14 @@ we revoke it best-effort and campaign afresh), or act on a key it did not create
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ..errors import StoreError
 from ..observability.metrics import METRICS
+from ..tasks import BackgroundTasks
 from .client import (
     Compare,
     Op,
@@ -49,6 +55,146 @@ log = logging.getLogger(__name__)
 
 class NotLeader(StoreError):
     """This replica does not (or no longer) hold the lease; it must stop acting."""
+
+
+class LeaseKeeper:
+    """One etcd lease, kept alive in the background.
+
+    `acquire()` grants a lease and lets `attach(lease_id)` put keys on it (returning
+    False gives the lease back: e.g. a leader key someone else holds). `start()` then
+    refreshes it every third of its TTL. The lease is lost when a refresh fails, when
+    etcd says it expired, or when its local deadline passes before a refresh succeeded
+    (granted TTL minus `margin_s`, measured from before the request: a paused process
+    notices before etcd can hand its keys to someone else). What happens then:
+
+    * `regrant=True` (a replica's presence): a new lease is granted and the keys are put
+      again (retried every `retry_s` while etcd is unreachable). The lost lease is NOT
+      revoked: its keys must not vanish while the process is alive; it expires.
+    * `regrant=False` (a leader's term): `on_lost(reason)` is called and the keeper
+      stops; a lease whose refresh failed is revoked at once, so its keys go now.
+
+    `stop()` ends the refreshing and revokes the lease (best effort: an unrevoked lease
+    expires after its TTL). A loss is reported through `on_lost` when given, else logged.
+    """
+
+    def __init__(self, store: Store, ttl_s: int, *, what: str,
+                 attach: Callable[[int], Awaitable[bool]] | None = None,
+                 regrant: bool = True, margin_s: float = 0.0, retry_s: float = 1.0,
+                 on_lost: Callable[[str], None] | None = None) -> None:
+        if ttl_s < 1:
+            raise ValueError("ttl_s must be >= 1")
+        self._store = store
+        self.ttl_s = int(ttl_s)
+        self.what = what
+        self._attach = attach
+        self.regrant = regrant
+        self._margin = margin_s
+        self._retry_s = retry_s
+        self._on_lost = on_lost
+        self._lease_id: int | None = None
+        self._granted = 0
+        self._valid_until = 0.0
+        self._tasks = BackgroundTasks(what)
+        self._task: asyncio.Task[Any] | None = None
+
+    @property
+    def lease_id(self) -> int | None:
+        return self._lease_id
+
+    @property
+    def valid(self) -> bool:
+        """True while a lease is held and its local deadline has not passed."""
+        return self._lease_id is not None and time.monotonic() < self._valid_until
+
+    @property
+    def task(self) -> asyncio.Task[Any] | None:
+        """The refreshing task, while it runs."""
+        return self._task if self._task is not None and not self._task.done() else None
+
+    async def acquire(self) -> bool:
+        """Grant a lease and attach the keys; True when held. Raises StoreUnavailable /
+        StoreError when etcd cannot be asked (nothing is left behind: a lease granted
+        before the failure is revoked)."""
+        started = time.monotonic()
+        lease_id, granted = await self._store.grant_lease(self.ttl_s, what=self.what)
+        try:
+            keep = True if self._attach is None else await self._attach(lease_id)
+        except BaseException:
+            # The keys may or may not have been put; revoking the lease removes them.
+            await self._revoke(lease_id)
+            raise
+        if not keep:
+            await self._revoke(lease_id)
+            return False
+        self._lease_id, self._granted = lease_id, granted
+        self._valid_until = started + granted - self._margin
+        return True
+
+    def start(self) -> None:
+        self._task = self._tasks.start(self._run(), name=f"lease-keepalive:{self.what}")
+
+    async def stop(self) -> None:
+        await self._tasks.stop()
+        lease_id, self._lease_id = self._lease_id, None
+        if lease_id is not None:
+            await self._revoke(lease_id)
+
+    async def _run(self) -> None:
+        while True:
+            if self._lease_id is None:
+                try:
+                    held = await self.acquire()
+                    why = "its keys were not attached"
+                except StoreError as exc:
+                    held, why = False, str(exc)
+                if not held:
+                    log.warning("cannot take a lease; retrying",
+                                extra={"lease_of": self.what, "error": why,
+                                       "retry_in_s": self._retry_s})
+                    await asyncio.sleep(self._retry_s)
+                    continue
+            await asyncio.sleep(max(0.1, self._granted / 3))
+            reason = await self._refresh()
+            if reason is None:
+                continue
+            if self._on_lost is not None:
+                self._on_lost(reason)
+            else:
+                log.warning("lease lost", extra={"lease_of": self.what, "reason": reason,
+                                                 "regrant": self.regrant})
+            if not self.regrant:
+                return
+            self._lease_id = None  # the old one expires on its own; its keys are put anew
+
+    async def _refresh(self) -> str | None:
+        """One keepalive; None when the lease lives on, else why it is lost."""
+        lease_id = self._lease_id
+        assert lease_id is not None
+        sent = time.monotonic()
+        if sent >= self._valid_until:
+            return "local deadline passed before a keepalive succeeded"
+        try:
+            ttl = await self._store.refresh_lease(
+                lease_id, timeout=max(0.05, self._valid_until - sent), what=self.what)
+        except StoreError as exc:
+            if not self.regrant:
+                self._lease_id = None
+                await self._revoke(lease_id)
+            return f"keepalive failed: {exc}"
+        if ttl <= 0:
+            self._lease_id = None
+            return "lease expired or revoked in etcd"
+        self._valid_until = sent + ttl - self._margin
+        return None
+
+    async def _revoke(self, lease_id: int) -> None:
+        try:
+            await self._store.revoke_lease(lease_id, timeout=max(1.0, self.ttl_s / 2),
+                                           what=self.what)
+        except Exception as exc:  # best effort: an unrevoked lease expires on its own
+            log.info("lease revoke failed; it will expire on its own",
+                     extra={"lease_of": self.what, "lease": f"{lease_id:x}",
+                            "error": type(exc).__name__})
 
 
 class LeaderLease:
@@ -74,11 +220,9 @@ class LeaderLease:
         # Safety margin between our local deadline and etcd's expiry: covers clock-rate
         # drift and the time a paused process needs to notice. 20% of the TTL, >= 0.25 s.
         self._margin = margin_s if margin_s is not None else max(0.25, 0.2 * ttl_s)
-        self._lease_id: int | None = None
+        self._keeper: LeaseKeeper | None = None
         self._create_revision: int | None = None
-        self._deadline = 0.0
         self._held = False
-        self._keepalive_task: asyncio.Task[None] | None = None
         self.role = role  # the agenttx_leader{role} gauge, when set
 
     # ---- state -------------------------------------------------------------------------
@@ -86,11 +230,16 @@ class LeaderLease:
     @property
     def is_leader(self) -> bool:
         """True only while the term is live and its local deadline has not passed."""
-        return self._held and time.monotonic() < self._deadline
+        return self._held and self._keeper is not None and self._keeper.valid
 
     @property
     def lease_id(self) -> int | None:
-        return self._lease_id
+        return None if self._keeper is None else self._keeper.lease_id
+
+    @property
+    def _keepalive_task(self) -> asyncio.Task[Any] | None:
+        """The term's keepalive (tests cancel it to simulate a paused process)."""
+        return None if self._keeper is None else self._keeper.task
 
     @property
     def create_revision(self) -> int | None:
@@ -102,12 +251,13 @@ class LeaderLease:
 
         Raises NotLeader when the local term is over: the caller must stop acting.
         """
-        if not self.is_leader or self._lease_id is None or self._create_revision is None:
+        lease_id = self.lease_id
+        if not self.is_leader or lease_id is None or self._create_revision is None:
             raise NotLeader(f"not the holder of {self.key.decode(errors='replace')}")
         return [
             cmp_value(self.key, self.holder_id.encode()),
             cmp_create(self.key, self._create_revision),
-            cmp_lease(self.key, self._lease_id),
+            cmp_lease(self.key, lease_id),
         ]
 
     async def fenced_txn(self, compare: Sequence[Compare], success: Sequence[Op],
@@ -130,7 +280,7 @@ class LeaderLease:
         holds = kv is not None and (
             kv.value == self.holder_id.encode()
             and kv.create_revision == self._create_revision
-            and kv.lease == self._lease_id
+            and kv.lease == self.lease_id
         )
         if not holds:
             self._lose("fence failed: the key changed hands or expired")
@@ -147,32 +297,30 @@ class LeaderLease:
         if self.is_leader:
             return True
         await self._end_term()
-        started = time.monotonic()
-        lease_id, granted = await self._store.grant_lease(self.ttl_s, what="leader campaign")
-        try:
-            res = await self._store.txn(
-                [cmp_absent(self.key)],
-                [op_put(self.key, self.holder_id.encode(), lease=lease_id)],
-                what="leader campaign",
-            )
-        except BaseException:
-            # The put may or may not have applied; revoking the lease removes it either way.
-            await self._revoke(lease_id)
-            raise
-        if not res.succeeded:
-            await self._revoke(lease_id)
+        keeper = LeaseKeeper(self._store, self.ttl_s, what=f"leader lease {self.key.decode()}",
+                             attach=self._claim, regrant=False, margin_s=self._margin,
+                             on_lost=self._lose)
+        if not await keeper.acquire():
             return False
-        self._lease_id = lease_id
-        self._create_revision = res.revision
-        self._deadline = started + granted - self._margin
+        self._keeper = keeper
         self._held = True
         self._gauge(1)
-        self._keepalive_task = asyncio.create_task(
-            self._keepalive(lease_id, granted), name=f"lease-keepalive:{self.key.decode()}"
-        )
-        log.info("leadership acquired", extra={**self._log_fields(), "lease": f"{lease_id:x}",
-                                               "revision": res.revision, "ttl_s": granted})
+        keeper.start()
+        log.info("leadership acquired",
+                 extra={**self._log_fields(), "lease": f"{keeper.lease_id:x}",
+                        "revision": self._create_revision, "ttl_s": self.ttl_s})
         return True
+
+    async def _claim(self, lease_id: int) -> bool:
+        """Put our holder id at the key on `lease_id` if nobody holds it (one CAS)."""
+        res = await self._store.txn(
+            [cmp_absent(self.key)],
+            [op_put(self.key, self.holder_id.encode(), lease=lease_id)],
+            what="leader campaign",
+        )
+        if res.succeeded:
+            self._create_revision = res.revision
+        return res.succeeded
 
     async def resign(self) -> None:
         """Stop acting now and release the key (revoking the lease deletes it).
@@ -202,45 +350,6 @@ class LeaderLease:
     async def _end_term(self) -> None:
         self._held = False
         self._gauge(0)
-        task, self._keepalive_task = self._keepalive_task, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        lease_id, self._lease_id = self._lease_id, None
-        if lease_id is not None:
-            await self._revoke(lease_id)
-
-    async def _revoke(self, lease_id: int) -> None:
-        try:
-            await asyncio.wait_for(self._store.client.revoke_lease(lease_id),
-                                   timeout=max(1.0, self.ttl_s / 2))
-        except Exception as exc:  # best effort: an unrevoked lease expires on its own
-            log.info("lease revoke failed; it will expire on its own",
-                     extra={**self._log_fields(), "lease": f"{lease_id:x}",
-                            "error": type(exc).__name__})
-
-    async def _keepalive(self, lease_id: int, ttl: int) -> None:
-        interval = max(0.1, ttl / 3)
-        while True:
-            await asyncio.sleep(interval)
-            if not self.is_leader:
-                self._lose("local deadline passed before a keepalive succeeded")
-                return
-            sent = time.monotonic()
-            try:
-                reply = await asyncio.wait_for(
-                    self._store.client.refresh_lease(lease_id),
-                    timeout=max(0.05, self._deadline - sent),
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._lose(f"keepalive failed: {type(exc).__name__}")
-                await self._revoke(lease_id)
-                return
-            if reply is None or int(reply.TTL) <= 0:
-                self._lose("lease expired or revoked in etcd")
-                return
-            if self._held:
-                self._deadline = sent + int(reply.TTL) - self._margin
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.stop()  # stops the keepalive, revokes the lease

@@ -40,6 +40,16 @@ class TxnResult:
         return found[0] if found else None
 
 
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change seen by a watch: the key, its new value (None: deleted) and the
+    revision it happened at."""
+
+    key: bytes
+    value: bytes | None
+    revision: int
+
+
 # ---- typed operations ----------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +170,12 @@ class KeyValueStore(Protocol):
                        ) -> dict[bytes, KeyValue | None]: ...
 
     def pages(self, prefix: bytes, *, start: bytes | None = None, page_size: int = 256,
-              what: str = "read") -> AsyncIterator[list[KeyValue]]: ...
+              what: str = "read", keys_only: bool = False
+              ) -> AsyncIterator[list[KeyValue]]: ...
 
     async def count(self, prefix: bytes, what: str = "read") -> int: ...
 
     async def grant_lease(self, ttl_s: int, what: str = "lease") -> tuple[int, int]: ...
+
+    async def refresh_lease(self, lease_id: int, *, timeout: float | None = None,
+                            what: str = "lease") -> int: ...

@@ -22,20 +22,28 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-# (the request's handler: .path, .headers; the body) -> the status to answer
+# (the request's handler: .path, .headers; the body) -> the status to answer, or DROP
 OnPost = Callable[[BaseHTTPRequestHandler, bytes], int]
+# What `on_post` returns to close the connection without answering at all (a receiver
+# that crashed mid-request, a proxy that dropped it).
+DROP = 0
 
 
 class PostReceiver:
     """POSTs to `url` are read whole and answered with `on_post(handler, body)`'s status
-    and an empty body. `server` is the `ThreadingHTTPServer` (its handler class is this
-    receiver's own, so a test may wrap `server.RequestHandlerClass.do_POST`)."""
+    and an empty body (`DROP`: the connection is closed without an answer). `server` is
+    the `ThreadingHTTPServer` (its handler class is this receiver's own, so a test may
+    wrap `server.RequestHandlerClass.do_POST`)."""
 
     def __init__(self, on_post: OnPost, path: str = "/", *, name: str = "post-receiver") -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                self.send_response(on_post(self, body))
+                status = on_post(self, body)
+                if status == DROP:
+                    self.close_connection = True  # closed with nothing written
+                    return
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

@@ -51,14 +51,25 @@ class ToolError(Exception):
 
     `argument` names the argument (dotted path) whose value caused the failure, and
     `data` the data id (e.g. ``kv:cart``); the engine uses both to find the culprit step.
+    `category` (a PostgreSQL condition name, e.g. ``fdw_error``) is for a tool that knows
+    the category for certain: the cleaner keeps it and only makes the message one line,
+    instead of classifying the text (which it does for everything else).
     """
 
     def __init__(self, message: str, *, argument: str | None = None,
-                 data: str | None = None) -> None:
+                 data: str | None = None, category: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.argument = argument
         self.data = data
+        self.category = category
+
+
+class OutcomeUnknown(ToolError):
+    """A SAGA tool's action may have happened although the tool cannot say so (its call
+    timed out, the connection dropped after the request was sent). The engine cannot
+    simply fail the step: it settles the tool's durable intent instead (compensate from
+    the arguments, or wait for a manual rollback; docs/toolsets.md)."""
 
 
 # ---- argument model ----------------------------------------------------------------
@@ -95,7 +106,9 @@ class ToolArguments(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-ArgumentModel = Sequence[Field] | type[BaseModel]
+# None: the tool checks its own arguments in `execute` (a toolset tool, against its
+# upstream's inputSchema); it gets them as a dict.
+ArgumentModel = Sequence[Field] | type[BaseModel] | None
 
 
 def validate_arguments(args: Mapping[str, Any], fields: ArgumentModel) -> Any:
@@ -103,8 +116,11 @@ def validate_arguments(args: Mapping[str, Any], fields: ArgumentModel) -> Any:
 
     `fields` is a sequence of `Field` (returns a dict with defaults filled in) or a
     pydantic model class (returns a validated instance; strict mode, so `"5"` is not an
-    integer, as in serde). Raises ToolError naming the offending argument.
+    integer, as in serde). Raises ToolError naming the offending argument. None (tools
+    that check their own arguments): the arguments as a dict.
     """
+    if fields is None:
+        return dict(args)
     if isinstance(fields, type) and issubclass(fields, BaseModel):
         return _validate_model(args, fields)
     by_name = {f.name: f for f in fields}
@@ -257,6 +273,17 @@ class Tool:
 
     async def compensate(self, compensation: Any) -> None:
         """Undo a SAGA step. Must be idempotent: undoing twice is a success."""
+
+
+class StagingContext(Protocol):
+    """What toolset tools use beyond ToolContext (implemented by the engine's view)."""
+
+    tx_id: str
+    step_id: int
+    attempt: str      # this attempt's nonce: `<tx>/<step>/<attempt>` keys the upstream call
+
+    def stage_deferred(self, channel: str, payload: Any) -> str: ...
+    async def record_intent(self, intent: dict[str, Any], timeout_s: float) -> None: ...
 
 
 class FsContext(Protocol):

@@ -9,7 +9,10 @@ a failed undo in the middle of someone's rollback."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 
@@ -20,12 +23,55 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "agenttx.tools"
 
+if TYPE_CHECKING:
+    from .describe import ToolDescription
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Who is asking, as far as which tools exist for them (docs/security.md): toolsets
+    are scoped by namespace once authentication is on."""
+
+    authenticated: bool = False
+    namespace: str | None = None
+
+
+EVERYONE = Scope()
+
+
+class ToolSource(Protocol):
+    """Tools that come and go at run time, by caller scope (the toolsets)."""
+
+    def tool(self, name: str, scope: Scope) -> Tool | None: ...
+    def any_tool(self, name: str) -> Tool | None: ...
+    def names(self, scope: Scope) -> list[str]: ...
+    async def describe(self, scope: Scope) -> Sequence[ToolDescription]: ...
+
 
 class ToolRegistry:
     def __init__(self, tools: list[Tool]) -> None:
         self._tools: dict[str, Tool] = {}
+        self.source: ToolSource | None = None
         for tool in tools:
             self.add(tool)
+
+    def attach(self, source: ToolSource) -> None:
+        """Add tools that are resolved per caller (toolsets). Built-ins and plug-ins
+        always win: a toolset can never shadow them (its prefix cannot be theirs)."""
+        self.source = source
+
+    def lookup(self, name: str, scope: Scope) -> Tool | None:
+        """The tool `name` as a caller with `scope` sees it."""
+        found = self._tools.get(name)
+        if found is None and self.source is not None:
+            return self.source.tool(name, scope)
+        return found
+
+    def names_in(self, scope: Scope) -> list[str]:
+        """Every tool name a caller with `scope` may use (hints for unknown tools)."""
+        if self.source is None:
+            return self.names()
+        return sorted({*self._tools, *self.source.names(scope)})
 
     def add(self, tool: Tool) -> None:
         if not tool.name:
@@ -36,9 +82,9 @@ class ToolRegistry:
             raise ValueError(f"tool {tool.name!r}: rollback must be a RollbackKind, "
                              f"got {tool.rollback!r}")
         model = tool.fields
-        if not ((isinstance(model, type) and issubclass(model, BaseModel))
-                or (not isinstance(model, str | type)
-                    and all(isinstance(f, Field) for f in model))):
+        if model is None or not ((isinstance(model, type) and issubclass(model, BaseModel))
+                                 or (not isinstance(model, str | type)
+                                     and all(isinstance(f, Field) for f in model))):
             raise ValueError(f"tool {tool.name!r}: fields must be a pydantic model class or "
                              "a sequence of agenttx.tools.base.Field")
         if tool.rollback is RollbackKind.SAGA and tool.name != "fs.write" \
@@ -48,9 +94,14 @@ class ToolRegistry:
         self._tools[tool.name] = tool
 
     def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+        """A tool by name, whatever the scope (undo of a step that ran, metric labels)."""
+        found = self._tools.get(name)
+        if found is None and self.source is not None:
+            return self.source.any_tool(name)
+        return found
 
     def names(self) -> list[str]:
+        """The built-ins and plug-ins."""
         return sorted(self._tools)
 
     @classmethod

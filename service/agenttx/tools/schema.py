@@ -49,7 +49,9 @@ _STRING_CONSTRAINTS = ("pattern", "enum", "const", "format", "minLength", "maxLe
 def input_schema(fields: ArgumentModel, *, references: bool = True) -> dict[str, Any]:
     """The schema of the arguments object a tool with argument model `fields` accepts.
     With `references` (the default) values may also be whole `${steps…}` references."""
-    if isinstance(fields, type) and issubclass(fields, BaseModel):
+    if fields is None:  # the tool checks its own arguments: any object
+        schema: dict[str, Any] = {"type": "object"}
+    elif isinstance(fields, type) and issubclass(fields, BaseModel):
         schema = _model_schema(fields)
     else:
         schema = _fields_schema(fields)

@@ -1,5 +1,10 @@
-"""Abort and compensate transactions idle longer than their idle timeout; sweep stray
-fs temp files; report how many transactions are open.
+"""Abort and compensate transactions idle longer than their idle timeout; reject those
+whose approval timed out; sweep stray fs temp files; report how many transactions are
+open and how many await approval.
+
+A transaction awaiting approval is never idle (a person, not the agent, is to act next):
+the reaper leaves it alone until its approval expires, then rejects it (REJECTED,
+"approval timed out", ended by "reaper"; docs/approvals.md).
 
 Runs on exactly one replica at a time: the holder of `<prefix>/leader/reaper` (an etcd
 lease). A lease is not mutual exclusion (a paused ex-holder may wake up), so every
@@ -23,7 +28,7 @@ from collections.abc import Callable, Iterable
 from ..contracts.layout import Keys
 from ..engine import sandbox
 from ..engine.engine import Engine
-from ..engine.state import AWAITING_ROLLBACK, decode_header
+from ..engine.state import AWAITING_APPROVAL, AWAITING_ROLLBACK, decode_header
 from ..observability.metrics import METRICS
 from ..store.client import Store
 from ..store.lease import LeaderLease, NotLeader
@@ -45,8 +50,10 @@ class Reaper:
         self.default_idle_timeout_s = default_idle_timeout_s
         self.lease = LeaderLease(store, keys.leader("reaper"), replica_id, ttl_s=ttl_s,
                                  role="reaper")
+        # Often enough to expire idle transactions on time, and to refresh the history
+        # leases of open ones at least every half bucket (engine.history.OpenLeases).
         self.interval_s = interval_s if interval_s is not None else min(
-            5.0, max(0.2, default_idle_timeout_s / 10))
+            5.0, max(0.2, default_idle_timeout_s / 10), engine.history_lease.bucket_s / 4)
         self.fs_roots = fs_roots
         self.temp_sweep_s = temp_sweep_s
         self.temp_min_age_s = temp_min_age_s
@@ -64,6 +71,8 @@ class Reaper:
                     else:
                         METRICS.open_transactions.set(0)
                         METRICS.awaiting_rollback.set(0)
+                        METRICS.approvals_pending.set(0)
+                        METRICS.approval_oldest_age.set(0)
                 except asyncio.CancelledError:
                     raise
                 except NotLeader:
@@ -75,16 +84,35 @@ class Reaper:
             await self.lease.resign()
 
     async def sweep(self) -> int:
-        """One pass over the transaction headers; returns how many were expired."""
+        """One pass over the transaction headers; returns how many were expired (idle, or
+        their approval timed out)."""
         now = time.time()
-        expired = opened = awaiting = 0
+        expired = opened = awaiting = pending = 0
+        oldest = 0.0
+        pinned: set[int] = set()
         timeout: float
         async for page in self.store.pages(self.keys.headers_prefix(), what="reaper scan"):
             idle: list[tuple[str, int, float]] = []
             for kv in page:
                 header = decode_header(kv.value)
                 opened += 1
+                pinned.add(header.history_lease)
                 awaiting += header.status == AWAITING_ROLLBACK
+                if header.status == AWAITING_APPROVAL:
+                    if header.pending is None or now < header.pending.expires_at:
+                        pending += 1
+                        if header.pending is not None:
+                            oldest = max(oldest, now - header.pending.requested_at)
+                        continue
+                    if not self.lease.is_leader:
+                        raise NotLeader("reaper term ended mid-sweep")
+                    if await self.engine.expire_approval(header.id, kv.mod_revision,
+                                                         self.lease.fence):
+                        expired += 1
+                        opened -= 1
+                    else:
+                        pending += 1
+                    continue
                 timeout = header.policy.idle_timeout_s or self.default_idle_timeout_s
                 if now - header.updated_at >= timeout:
                     idle.append((header.id, kv.mod_revision, timeout))
@@ -99,11 +127,14 @@ class Reaper:
                         continue
                 if not self.lease.is_leader:
                     raise NotLeader("reaper term ended mid-sweep")
-                if await self.engine.expire(tx_id, rev, self.lease.fence):
+                if await self.engine.expire(tx_id, rev, self.lease.fence, timeout):
                     expired += 1
                     opened -= 1
+        await self.engine.keep_history_alive(pinned)
         METRICS.open_transactions.set(opened)
         METRICS.awaiting_rollback.set(awaiting)
+        METRICS.approvals_pending.set(pending)
+        METRICS.approval_oldest_age.set(oldest)
         return expired
 
     async def sweep_temp_files(self) -> int:

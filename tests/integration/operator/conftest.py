@@ -6,7 +6,17 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from operator_kmock import DEPLOYMENTS, EVENTS, POLICIES, PVCS, SERVICE_NS, ApiServer, service_deployment
+from operator_kmock import (
+    DEPLOYMENTS,
+    EVENTS,
+    POLICIES,
+    PVCS,
+    SECRETS,
+    SERVICE_NS,
+    TOOLSETS,
+    ApiServer,
+    service_deployment,
+)
 
 from agenttx.embedded_etcd import free_port
 from agenttx.store.client import Store, connect
@@ -19,6 +29,12 @@ def api(kmock: ApiServer) -> ApiServer:
         kind="AgentTxPolicy", singular="agenttxpolicy", namespaced=True,
         subresources={"status"}, verbs={"get", "list", "watch", "patch", "create", "delete"},
     )
+    kmock.resources[TOOLSETS] = kmock.ResourceInfo(
+        kind="AgentTxToolset", singular="agenttxtoolset", namespaced=True,
+        subresources={"status"}, verbs={"get", "list", "watch", "patch", "create", "delete"},
+    )
+    kmock.resources[SECRETS] = kmock.ResourceInfo(
+        kind="Secret", namespaced=True, verbs={"get", "create", "patch", "delete"})
     kmock.resources[PVCS] = kmock.ResourceInfo(
         kind="PersistentVolumeClaim", namespaced=True,
         verbs={"get", "create", "patch", "delete"})
@@ -41,6 +57,7 @@ def make_config(etcd_endpoint: str, etcd_prefix: str) -> Callable[..., OperatorC
             service_namespace=SERVICE_NS, liveness_host="127.0.0.1",
             liveness_port=free_port(), etcd_timeout_s=1.0, etcd_retry_base_s=0.2,
             etcd_retry_max_s=1.0, volume_poll_s=0.3, sweep_interval_s=3600,
+            upstream_retry_base_s=0.2, upstream_retry_max_s=1.0, toolset_resync_s=3600,
         )
         values.update(overrides)
         return OperatorConfig(_cli_parse_args=[], **values)

@@ -3,7 +3,9 @@
 kmock's emulator keeps objects in memory and merges dict patches. It does not speak
 RFC 6902 JSON patch (kopf uses it for finalizers, the operator for the Deployment),
 keep `resourceVersion` (kopf's JSON patches test it), bump `metadata.generation` on
-spec changes (status reports it) or honour `generateName` (kopf's events use it).
+spec changes (status reports it), honour `generateName` (kopf's events use it), or set
+`metadata.uid` (kopf keeps each object's memory and daemons by it) and
+`creationTimestamp` (the toolset prefix check orders by it).
 `ApiServer` adds exactly those behaviours of a real API server (kmock's docs invite
 subclassing for such "special" treatment), plus, on request, the refusal of a claim
 resize by a real API server's admission (`refuse_claim_resize`), and nothing else.
@@ -12,12 +14,14 @@ resize by a real API server's admission (`refuse_claim_resize`), and nothing els
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import datetime
 import json
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -30,11 +34,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from agenttx.contracts.layout import Keys
 from agenttx.contracts.policy import PublishedPolicy, parse_published_policy
 from agenttx.store.client import Store
-from agenttx_operator import jwks, main, reconcile
+from agenttx_operator import jwks, main, sandboxes
 from agenttx_operator.config import OperatorConfig
 from agenttx_operator.kube import Credentials
 
 POLICIES = "agenttx.io/v1alpha1/agenttxpolicies"
+TOOLSETS = "agenttx.io/v1alpha1/agenttxtoolsets"
+SECRETS = "v1/secrets"
 PVCS = "v1/persistentvolumeclaims"
 DEPLOYMENTS = "apps/v1/deployments"
 EVENTS = "v1/events"
@@ -95,6 +101,9 @@ class ApiServer(kmock.KubernetesEmulator):
             meta = request.data.setdefault("metadata", {})
             meta["resourceVersion"] = self.next_revision()
             meta.setdefault("generation", 1)
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"))
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = f"{meta['generateName']}{self.revision}"
         if request.action == kmock.action.UPDATE and isinstance(request.data, dict):
@@ -432,7 +441,7 @@ def mounted(api: ApiServer, ns: str, name: str) -> bool:
     """Whether the service Deployment's pod template mounts the policy's sandbox claim."""
     dep = got(api, DEPLOYMENTS, SERVICE_NS, "agenttx")
     volumes = dep["spec"]["template"]["spec"].get("volumes") or []
-    claim = reconcile.claim_name(ns, name)
+    claim = sandboxes.claim_name(ns, name)
     return any((v.get("persistentVolumeClaim") or {}).get("claimName") == claim for v in volumes)
 
 
@@ -454,6 +463,80 @@ async def bind_claim_and_roll_out(api: ApiServer, ns: str, name: str) -> None:
     between would be of the old generation, and nothing would ever roll out the new one
     (this was the race that made the delete tests flaky)."""
     await eventually(lambda: mounted(api, ns, name), what=f"sandbox of {ns}/{name} mounted")
-    claim = reconcile.claim_name(ns, name)
+    claim = sandboxes.claim_name(ns, name)
     api.objects[PVCS, SERVICE_NS, claim].patch({"status": {"phase": "Bound"}})
     roll_out(api)
+
+
+# ---- toolsets ------------------------------------------------------------------------
+
+def toolset(name: str, spec: dict[str, Any], namespace: str = "team-a") -> dict[str, Any]:
+    return {"apiVersion": "agenttx.io/v1alpha1", "kind": "AgentTxToolset",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def toolsets_url(namespace: str = "team-a") -> str:
+    return f"/apis/agenttx.io/v1alpha1/namespaces/{namespace}/agenttxtoolsets"
+
+
+async def create_toolset(api: ApiServer, body: dict[str, Any]) -> None:
+    async with api.post(toolsets_url(body["metadata"]["namespace"]), json=body) as resp:
+        assert resp.status < 300, await resp.text()
+
+
+async def patch_toolset(api: ApiServer, name: str, spec: dict[str, Any],
+                        namespace: str = "team-a") -> None:
+    async with api.patch(f"{toolsets_url(namespace)}/{name}", json={"spec": spec},
+                         headers={"Content-Type": "application/merge-patch+json"}) as resp:
+        assert resp.status < 300, await resp.text()
+
+
+async def delete_toolset(api: ApiServer, name: str, namespace: str = "team-a") -> None:
+    async with api.delete(f"{toolsets_url(namespace)}/{name}") as resp:
+        assert resp.status < 300, await resp.text()
+
+
+def secret(name: str, data: dict[str, str], namespace: str = "team-a") -> dict[str, Any]:
+    """A Secret as the API server stores it (values base64)."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+
+
+async def put_secret(api: ApiServer, body: dict[str, Any]) -> None:
+    """Create the Secret, or replace its data (a rotation)."""
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    if obj(api, SECRETS, ns, name) is None:
+        async with api.post(f"/api/v1/namespaces/{ns}/secrets", json=body) as resp:
+            assert resp.status < 300, await resp.text()
+        return
+    async with api.patch(f"/api/v1/namespaces/{ns}/secrets/{name}", json={"data": body["data"]},
+                         headers={"Content-Type": "application/merge-patch+json"}) as resp:
+        assert resp.status < 300, await resp.text()
+
+
+def toolset_ready(api: ApiServer, name: str, ns: str = "team-a") -> dict[str, Any] | None:
+    body = obj(api, TOOLSETS, ns, name)
+    for cond in (body or {}).get("status", {}).get("conditions", []):
+        if cond["type"] == "Ready":
+            return cond
+    return None
+
+
+def toolset_reason_is(api: ApiServer, name: str, reason: str, generation: int | None = None,
+                      ns: str = "team-a") -> Callable[[], dict[str, Any] | None]:
+    def check() -> dict[str, Any] | None:
+        cond = toolset_ready(api, name, ns)
+        if cond and cond["reason"] == reason and (
+                generation is None or cond["observedGeneration"] == generation):
+            return cond
+        return None
+    return check
+
+
+def events_of(api: ApiServer, name: str, kind: str = "AgentTxToolset") -> list[dict[str, Any]]:
+    """Every event posted about the object `name` of `kind`."""
+    return [o.raw for (res, _, _), o in list(api.objects.items())
+            if res == api.resource(EVENTS) and not o.deleted
+            and o.raw.get("involvedObject", {}).get("name") == name
+            and o.raw.get("involvedObject", {}).get("kind") == kind]

@@ -38,8 +38,9 @@ from operator_kmock import (
 from agenttx.contracts.layout import Keys
 from agenttx.embedded_etcd import EmbeddedEtcd, free_port
 from agenttx.store.client import Store
-from agenttx_operator import handlers, main, reconcile
+from agenttx_operator import conditions, handlers, main, policy_spec, sandboxes
 from agenttx_operator.kube import Credentials, KubeClient
+from support.waiting import eventually_async, slack
 
 pytestmark = pytest.mark.kmock(cls=ApiServer)
 
@@ -51,11 +52,15 @@ async def test_create_publishes_policy_with_generation_and_reports_ready(
 ) -> None:
     config = make_config()
     async with running_operator(config, api):
-        # Liveness endpoint is up while kopf runs.
-        async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{config.liveness_port}/healthz"
-        ) as resp:
-            assert resp.status == 200
+        # Liveness endpoint is up while kopf runs (kopf reports ready after its startup
+        # handlers, and starts serving /healthz beside them: wait for it).
+        async def healthz() -> bool:
+            async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{config.liveness_port}/healthz"
+            ) as resp:
+                return resp.status == 200
+        assert await eventually_async(healthz, slack(2), "the liveness endpoint answers 200",
+                                      retry_on=(aiohttp.ClientError,))
 
         await create(api, policy("billing", {
             "priority": 10, "selector": {"agentIdPrefix": "billing-"},
@@ -130,16 +135,16 @@ async def test_sandbox_policy_creates_claim_mounts_it_and_publishes_when_bound(
         await create(api, policy("research", {
             "rollback": {"maxLocalDepth": 2},
             "sandbox": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}))
-        claim = reconcile.claim_name("team-a", "research")
+        claim = sandboxes.claim_name("team-a", "research")
 
         cond = await eventually(reason_is(api, "research", "VolumePending"), what="pending")
         assert cond["status"] == "False" and claim in cond["message"]
         pvc = got(api, PVCS, SERVICE_NS, claim)
         assert pvc["spec"]["resources"]["requests"]["storage"] == "1Gi"
-        assert pvc["metadata"]["annotations"][reconcile.ANNOTATION_RECLAIM_POLICY] == "Delete"
+        assert pvc["metadata"]["annotations"][sandboxes.ANNOTATION_RECLAIM_POLICY] == "Delete"
         dep = got(api, DEPLOYMENTS, SERVICE_NS, "agenttx")
         pod = dep["spec"]["template"]["spec"]
-        vname = reconcile.volume_name("team-a", "research")
+        vname = sandboxes.volume_name("team-a", "research")
         assert {"name": vname, "persistentVolumeClaim": {"claimName": claim}} in pod["volumes"]
         assert {"name": vname, "mountPath": "/sandboxes/team-a/research"} in \
             pod["containers"][0]["volumeMounts"]
@@ -175,7 +180,7 @@ async def test_sandbox_policy_is_not_published_while_an_old_pod_still_serves(
     async with running_operator(make_config(), api):
         await create(api, policy("surge", {"sandbox": {"size": "1Gi"}}))
         await eventually(lambda: mounted(api, "team-a", "surge"), what="mount")
-        claim = reconcile.claim_name("team-a", "surge")
+        claim = sandboxes.claim_name("team-a", "surge")
         api.objects[PVCS, SERVICE_NS, claim].patch({"status": {"phase": "Bound"}})
         # Mid-surge: both new pods are up and available, one old pod (no mount) still
         # takes transactions.
@@ -204,7 +209,7 @@ def event_messages(api: ApiServer, name: str) -> list[str]:
 def claim_condition(api: ApiServer, name: str) -> dict | None:
     body = obj(api, POLICIES, "team-a", name) or {}
     for cond in body.get("status", {}).get("conditions", []):
-        if cond["type"] == reconcile.CONDITION_CLAIM_SYNCED:
+        if cond["type"] == conditions.CONDITION_CLAIM_SYNCED:
             return cond
     return None
 
@@ -217,7 +222,7 @@ async def test_refused_claim_resize_warns_and_still_publishes_the_rest_of_the_sp
     async with running_operator(make_config(), api):
         await create(api, policy("grow", {"rollback": {"maxLocalDepth": 1},
                                           "sandbox": {"size": "1Gi"}}))
-        claim = reconcile.claim_name("team-a", "grow")
+        claim = sandboxes.claim_name("team-a", "grow")
         await eventually(lambda: obj(api, PVCS, SERVICE_NS, claim), what="claim")
         await bind_claim_and_roll_out(api, "team-a", "grow")
         await eventually(reason_is(api, "grow", "Published"), what="Published")
@@ -275,7 +280,7 @@ async def test_delete_unpublishes_unmounts_and_reclaims(
 ) -> None:
     async with running_operator(make_config(), api):
         await create(api, policy("tmp", {"sandbox": {"size": "1Gi", "reclaimPolicy": reclaim}}))
-        claim = reconcile.claim_name("team-a", "tmp")
+        claim = sandboxes.claim_name("team-a", "tmp")
         await eventually(lambda: obj(api, PVCS, SERVICE_NS, claim), what="claim")
         await bind_claim_and_roll_out(api, "team-a", "tmp")
         await eventually(reason_is(api, "tmp", "Published"), what="Published")
@@ -406,5 +411,5 @@ def test_run_rejects_missing_etcd_endpoints(capsys, monkeypatch) -> None:
 
 def test_published_json_is_what_the_service_parses() -> None:
     spec = {"priority": 1, "rollback": {"replayBudgetFactor": 2}}
-    raw = reconcile.publish_payload(reconcile.normalise("n", "p", 3, spec))
+    raw = policy_spec.publish_payload(policy_spec.normalise("n", "p", 3, spec))
     assert json.loads(raw)["rollback"] == {"replay_budget_factor": 2.0}

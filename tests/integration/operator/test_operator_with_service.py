@@ -31,7 +31,7 @@ from operator_kmock import (
 
 from agenttx.v1 import agenttx_pb2 as pb
 from agenttx.v1 import agenttx_pb2_grpc as pb_grpc
-from agenttx_operator import reconcile
+from agenttx_operator import sandboxes
 from support.service import ServiceProcess
 
 pytestmark = pytest.mark.kmock(cls=ApiServer)
@@ -102,7 +102,7 @@ async def test_replica_writes_into_the_policy_sandbox(
         await create(api, policy(name, {"priority": 1000, "selector": {"agentIdPrefix": agents},
                                         "sandbox": {"size": "1Gi"}}))
         await eventually(lambda: obj(api, PVCS, "agenttx-system",
-                                     reconcile.claim_name("team-a", name)), what="claim")
+                                     sandboxes.claim_name("team-a", name)), what="claim")
         await bind_claim_and_roll_out(api, "team-a", name)
         await eventually(reason_is(api, name, "Published"), what="Published")
 
@@ -121,3 +121,52 @@ async def test_replica_writes_into_the_policy_sandbox(
         await eventually(written, timeout=15, what="file in the sandbox")
         assert (mount / "out" / "hello.txt").read_text() == uniq
         await delete(api, name)
+
+
+def commit_a_log_effect(stub: pb_grpc.AgentTxServiceStub, agent_id: str
+                        ) -> tuple[str, pb.CommitTransactionResponse]:
+    tx = stub.BeginTransaction(pb.BeginTransactionRequest(agent_id=agent_id), timeout=10)
+    step = stub.ExecuteStep(pb.ExecuteStepRequest(
+        transaction_id=tx.transaction_id, step_id=1, tool_name="effect.stage",
+        arguments_json=json.dumps({"channel": "log", "payload": {"n": 1}})), timeout=10)
+    assert step.status == pb.STEP_STATUS_SUCCESS, step
+    return tx.transaction_id, stub.CommitTransaction(
+        pb.CommitTransactionRequest(transaction_id=tx.transaction_id), timeout=10)
+
+
+async def test_replica_gates_what_a_published_policy_requires_approval_for(
+    api: ApiServer, make_config, replicas: tuple[ServiceProcess, ServiceProcess], uniq: str
+) -> None:
+    a, b = replicas
+    agents = f"appr-{uniq}-"
+    name = f"approvals-{uniq}"
+    config = make_config(etcd_prefix=service_prefix(a))
+    async with running_operator(config, api):
+        await create(api, policy(name, {
+            "priority": 1000, "selector": {"agentIdPrefix": agents},
+            "approval": {"required": [{"channel": "log"}], "timeoutSeconds": 600}}))
+        await eventually(reason_is(api, name, "Published"), what="Published")
+
+        async def gated() -> bool:
+            tx_id, done = await asyncio.to_thread(commit_a_log_effect, b.stub, agents + "x")
+            if not done.awaiting_approval:
+                return False
+            listed = b.stub.ListApprovals(pb.ListApprovalsRequest(), timeout=10)
+            (mine,) = [x for x in listed.approvals if x.transaction_id == tx_id]
+            assert mine.digest == done.approval_digest
+            assert mine.expires_at - mine.requested_at == pytest.approx(600)
+            # no authentication: the anonymous caller is an approver (docs/approvals.md)
+            decided = b.stub.DecideApproval(pb.DecideApprovalRequest(
+                transaction_id=tx_id, digest=done.approval_digest, approve=True), timeout=10)
+            return decided.status == pb.TRANSACTION_STATUS_COMMITTED
+        await eventually(gated, timeout=15, what="the commit waits for approval")
+        # agents the policy does not select commit at once
+        _, other = await asyncio.to_thread(commit_a_log_effect, a.stub, f"other-{uniq}")
+        assert other.committed and not other.awaiting_approval
+
+        await delete(api, name)
+
+        async def ungated() -> bool:
+            _, done = await asyncio.to_thread(commit_a_log_effect, a.stub, agents + "y")
+            return done.committed
+        await eventually(ungated, timeout=15, what="no approval once deleted")

@@ -7,6 +7,7 @@ gating, and no drift between the chart's CRD and crds/.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import helm_python
 import pytest
 import yaml
 
+from agenttx.config import DefaultPolicy
 from support.chart import (
     CHART,
     EXTERNAL_TLS,
@@ -24,13 +26,13 @@ from support.chart import (
     container,
     env,
     find,
+    notes,
     one,
     render,
     validate,
 )
 
-CRD_SOURCE = ROOT / "crds" / "agenttxpolicies.agenttx.io.yaml"
-CRD_COPY = CHART / "files" / "crds" / "agenttxpolicies.agenttx.io.yaml"
+CRD_FILES = ["agenttxpolicies.agenttx.io.yaml", "agenttxtoolsets.agenttx.io.yaml"]
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +137,17 @@ def test_effect_channels_and_default_policy_reach_the_env(chart: helm_python.Cha
         "audit": {"kind": "webhook", "url": "http://hook"}}
     assert e["AGENTTX_DEFAULT_POLICY__MAX_LOCAL_DEPTH"] == "0"
     assert e["AGENTTX_DEFAULT_POLICY__REPLAY_BUDGET_FACTOR"] == "1.5"
+    # nothing needs approval unless the platform team says so; the JSON is the setting's
+    assert json.loads(e["AGENTTX_DEFAULT_POLICY__APPROVAL"]) == {
+        "required": [], "approvers": [], "timeoutSeconds": 86400, "notifyChannel": ""}
+    approval = {"required": [{"channel": "payments"}, {"tool": "tickets.*"}],
+                "approvers": [], "timeoutSeconds": 3600, "notifyChannel": "ops"}
+    docs = render(chart, {"service": {"defaultPolicy": {"approval": approval}}})
+    e = env(container(one(docs, "Deployment", "agenttx"), "agenttx"))
+    assert json.loads(e["AGENTTX_DEFAULT_POLICY__APPROVAL"]) == approval
+    # ...and the service reads it as the setting it is
+    setting = DefaultPolicy(approval=e["AGENTTX_DEFAULT_POLICY__APPROVAL"])
+    assert setting.approval_settings().timeout_s == 3600
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert volumes["fs-root"] == {"name": "fs-root",
                                   "persistentVolumeClaim": {"claimName": "shared-fs"}}
@@ -149,13 +162,25 @@ EXPECTED_POLICY_RULES = [
      "verbs": ["get", "patch", "update"]},
     {"apiGroups": ["agenttx.io"], "resources": ["agenttxpolicies/finalizers"],
      "verbs": ["update"]},
+    {"apiGroups": ["agenttx.io"], "resources": ["agenttxtoolsets"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["agenttx.io"], "resources": ["agenttxtoolsets/status"],
+     "verbs": ["get", "patch", "update"]},
+    {"apiGroups": ["agenttx.io"], "resources": ["agenttxtoolsets/finalizers"],
+     "verbs": ["update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # The Secrets toolsets' headers name: read by name only.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
 ]
 EXPECTED_SANDBOX_RULES = [
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"],
      "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["agenttx"],
      "verbs": ["get", "patch"]},
+]
+# The operator's copies of toolsets' header Secrets, in the release namespace only.
+EXPECTED_TOOLSET_RULES = [
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch", "delete"]},
 ]
 
 
@@ -187,17 +212,24 @@ def test_operator_rbac_is_exactly_what_it_needs(chart: helm_python.Chart) -> Non
     assert crb["roleRef"]["name"] == cluster_role["metadata"]["name"]
     assert {r["metadata"]["name"] for r in find(docs, "ClusterRole")} == {
         f"{NS}-agenttx-operator", ISSUER_DISCOVERY}
-    (role,) = find(docs, "Role")
-    assert role["metadata"]["namespace"] == NS
-    assert role["rules"] == EXPECTED_SANDBOX_RULES
-    (rb,) = find(docs, "RoleBinding")
-    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                             "name": role["metadata"]["name"]}
-    # No wildcard anywhere, no secrets, no peering, no CRD or namespace scanning.
-    text = yaml.safe_dump([d for d in docs if d["kind"] in ("Role", "ClusterRole")])
-    for forbidden in ("'*'", "secrets", "kopfpeerings", "customresourcedefinitions",
-                      "namespaces"):
+    roles = {r["metadata"]["name"]: r for r in find(docs, "Role")}
+    assert sorted(roles) == ["agenttx-operator-sandboxes", "agenttx-operator-toolsets"]
+    assert {r["metadata"]["namespace"] for r in roles.values()} == {NS}
+    assert roles["agenttx-operator-sandboxes"]["rules"] == EXPECTED_SANDBOX_RULES
+    assert roles["agenttx-operator-toolsets"]["rules"] == EXPECTED_TOOLSET_RULES
+    bindings = {rb["roleRef"]["name"]: rb for rb in find(docs, "RoleBinding")}
+    assert sorted(bindings) == sorted(roles)
+    for name, rb in bindings.items():
+        assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                 "name": name}
+    # No wildcard anywhere, no peering, no CRD or namespace scanning; Secrets only in the
+    # two rules above (never listed or watched).
+    rbac = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
+    text = yaml.safe_dump(rbac)
+    for forbidden in ("'*'", "kopfpeerings", "customresourcedefinitions", "namespaces"):
         assert forbidden not in text, forbidden
+    secret_rules = [r for d in rbac for r in d["rules"] if "secrets" in r.get("resources", [])]
+    assert secret_rules == [EXPECTED_POLICY_RULES[-1], EXPECTED_TOOLSET_RULES[0]]
 
 
 def test_operator_rbac_narrows_to_watched_namespaces(chart: helm_python.Chart) -> None:
@@ -237,6 +269,7 @@ def test_operator_deployment(chart: helm_python.Chart) -> None:
         "AGENTTX_OPERATOR_NAMESPACES": "",
         "AGENTTX_OPERATOR_LIVENESS_PORT": "8080",
         "AGENTTX_OPERATOR_SWEEP_INTERVAL_S": "300",
+        "AGENTTX_OPERATOR_TOOLSET_RESYNC_S": "60",
         "AGENTTX_OPERATOR_LOG_FORMAT": "json",
         "AGENTTX_OPERATOR_JWKS_PUBLISH": "true",
         "AGENTTX_OPERATOR_JWKS_REFRESH_S": "300",
@@ -340,26 +373,51 @@ def test_external_etcd_needs_endpoints(chart: helm_python.Chart) -> None:
 
 # ---- CRDs --------------------------------------------------------------------------
 
-def test_chart_crd_copy_does_not_drift_from_crds() -> None:
-    assert CRD_COPY.read_bytes() == CRD_SOURCE.read_bytes(), (
-        "charts/agenttx/files/crds/ differs from crds/: run `make chart-crds`")
+def test_chart_crd_copies_do_not_drift_from_crds() -> None:
+    assert sorted(p.name for p in (ROOT / "crds").glob("*.yaml")) == CRD_FILES
+    assert sorted(p.name for p in (CHART / "files" / "crds").glob("*.yaml")) == CRD_FILES
+    for name in CRD_FILES:
+        assert (CHART / "files" / "crds" / name).read_bytes() == \
+            (ROOT / "crds" / name).read_bytes(), (
+            f"charts/agenttx/files/crds/{name} differs from crds/: run `make chart-crds`")
 
 
-def test_rendered_crd_equals_the_source_plus_release_metadata(
+def test_make_chart_crds_copies_every_crd_and_tilt_applies_every_crd() -> None:
+    recipe = (ROOT / "Makefile").read_text().split("chart-crds:\n", 1)[1].split("\n\n")[0]
+    tiltfile = (ROOT / "Tiltfile").read_text()
+    for name in CRD_FILES:
+        assert f"crds/{name}" in recipe, name
+        assert f"'crds/{name}'" in tiltfile, name  # the operator needs both to start
+
+
+def test_rendered_crds_equal_the_sources_plus_release_metadata(
         chart: helm_python.Chart) -> None:
-    (crd,) = find(render(chart), "CustomResourceDefinition")
-    source = yaml.safe_load(CRD_SOURCE.read_text())
-    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-    assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == "agenttx"
-    strip = {k: v for k, v in crd["metadata"].items() if k not in ("labels", "annotations")}
-    assert strip == {k: v for k, v in source["metadata"].items() if k != "labels"}
-    assert crd["spec"] == source["spec"]
+    crds = {c["metadata"]["name"]: c for c in find(render(chart), "CustomResourceDefinition")}
+    assert sorted(crds) == ["agenttxpolicies.agenttx.io", "agenttxtoolsets.agenttx.io"]
+    for name in CRD_FILES:
+        source = yaml.safe_load((ROOT / "crds" / name).read_text())
+        crd = crds[source["metadata"]["name"]]
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == "agenttx"
+        strip = {k: v for k, v in crd["metadata"].items() if k not in ("labels", "annotations")}
+        assert strip == {k: v for k, v in source["metadata"].items() if k != "labels"}
+        assert crd["spec"] == source["spec"]
+
+
+def test_notes_name_every_crd_to_install_when_the_chart_does_not(
+        chart: helm_python.Chart) -> None:
+    text = notes(chart, {"crds": {"enabled": False}})
+    for name in CRD_FILES:
+        assert f"crds/{name}" in text, name
+    assert "crds/" not in notes(chart)
 
 
 def test_crds_are_gated(chart: helm_python.Chart) -> None:
     assert find(render(chart, {"crds": {"enabled": False}}), "CustomResourceDefinition") == []
-    (crd,) = find(render(chart, {"crds": {"keep": False}}), "CustomResourceDefinition")
-    assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+    crds = find(render(chart, {"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert len(crds) == 2
+    for crd in crds:
+        assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
     # Helm's own crds/ folder would bypass the gate: the chart must not have one.
     assert not (CHART / "crds").exists()
 
@@ -368,6 +426,8 @@ def test_crds_are_gated(chart: helm_python.Chart) -> None:
 
 @pytest.mark.parametrize("values", [
     {"service": {"defaultPolicy": {"maxLocalDepth": 17}}},
+    {"service": {"defaultPolicy": {"approval": {"required": [{"tool": "a", "channel": "b"}]}}}},
+    {"service": {"defaultPolicy": {"approval": {"timeoutSeconds": 1}}}},
     {"service": {"replicas": 0}},
     {"etcd": {"replicas": 2}},
     {"image": {"pullPolicy": "Sometimes"}},
@@ -423,7 +483,6 @@ def test_every_value_is_commented() -> None:
 def test_every_value_is_in_the_schema() -> None:
     """Each key of values.yaml is declared in values.schema.json, down to where the schema
     deliberately takes a free-form map (resources, labels, selectors, ...)."""
-    import json
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     schema = json.loads((CHART / "values.schema.json").read_text())

@@ -13,9 +13,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from agenttx.contracts.layout import Keys
 from agenttx.contracts.policy import parse_published_policy
-from agenttx_operator import handlers, jwks, reconcile
+from agenttx_operator import conditions, handlers, jwks, lifecycle, mounts, policy_spec, sandboxes
 from agenttx_operator.config import OperatorConfig
-from agenttx_operator.reconcile import Target
+from agenttx_operator.sandboxes import Target
 
 TARGET = Target(service_namespace="agenttx-system", deployment="agenttx", container="agenttx")
 NOW = "2030-01-01T00:00:00Z"
@@ -62,8 +62,8 @@ def service_deployment(**pod_extra: object) -> dict:
 # ---- validation --------------------------------------------------------------------
 
 def test_full_spec_is_valid() -> None:
-    assert reconcile.validate_spec(full_spec()) == []
-    assert reconcile.validate_spec({}) == []
+    assert policy_spec.validate_spec(full_spec()) == []
+    assert policy_spec.validate_spec({}) == []
 
 
 @pytest.mark.parametrize(
@@ -90,19 +90,19 @@ def test_full_spec_is_valid() -> None:
     ],
 )
 def test_invalid_spec_names_the_field(patch: dict, fragment: str) -> None:
-    errors = reconcile.validate_spec(patch)
+    errors = policy_spec.validate_spec(patch)
     assert any(fragment in e for e in errors), errors
 
 
 def test_non_object_spec_is_invalid() -> None:
-    assert reconcile.validate_spec(None) == ["spec: must be an object"]
+    assert policy_spec.validate_spec(None) == ["spec: must be an object"]
 
 
 # ---- publish payload ---------------------------------------------------------------
 
 def test_publish_payload_is_the_service_wire_format() -> None:
-    policy = reconcile.normalise("team-a", "billing", 7, full_spec())
-    raw = reconcile.publish_payload(policy)
+    policy = policy_spec.normalise("team-a", "billing", 7, full_spec())
+    raw = policy_spec.publish_payload(policy)
     doc = json.loads(raw)
     assert doc == {
         "namespace": "team-a",
@@ -118,8 +118,8 @@ def test_publish_payload_is_the_service_wire_format() -> None:
 
 
 def test_publish_payload_leaves_unset_fields_to_the_layer_below() -> None:
-    policy = reconcile.normalise("ns", "p", 1, {"rollback": {"maxLocalDepth": 2}})
-    doc = json.loads(reconcile.publish_payload(policy))
+    policy = policy_spec.normalise("ns", "p", 1, {"rollback": {"maxLocalDepth": 2}})
+    doc = json.loads(policy_spec.publish_payload(policy))
     assert doc["rollback"] == {"max_local_depth": 2}
     assert doc["priority"] == 0
     assert doc["selector"] == {"agent_id_prefix": "", "match_metadata": {}}
@@ -127,20 +127,20 @@ def test_publish_payload_leaves_unset_fields_to_the_layer_below() -> None:
 
 
 def test_publish_payload_is_byte_stable() -> None:
-    a = reconcile.publish_payload(reconcile.normalise("ns", "p", 1, full_spec()))
+    a = policy_spec.publish_payload(policy_spec.normalise("ns", "p", 1, full_spec()))
     spec = full_spec()
     spec["selector"]["matchMetadata"] = dict(reversed(list(spec["selector"]["matchMetadata"].items())))
-    b = reconcile.publish_payload(reconcile.normalise("ns", "p", 1, spec))
+    b = policy_spec.publish_payload(policy_spec.normalise("ns", "p", 1, spec))
     assert a == b
 
 
 def test_normalise_refuses_an_invalid_spec() -> None:
     with pytest.raises(ValueError, match="maxLocalDepth"):
-        reconcile.normalise("ns", "p", 1, {"rollback": {"maxLocalDepth": 17}})
+        policy_spec.normalise("ns", "p", 1, {"rollback": {"maxLocalDepth": 17}})
 
 
 def test_sandbox_path_uses_the_configured_mount_root() -> None:
-    policy = reconcile.normalise("ns", "p", 1, {"sandbox": {"size": "1Gi"}}, mount_root="/mnt/sb/")
+    policy = policy_spec.normalise("ns", "p", 1, {"sandbox": {"size": "1Gi"}}, mount_root="/mnt/sb/")
     assert policy.sandbox_path == "/mnt/sb/ns/p"
 
 
@@ -154,30 +154,31 @@ def test_operator_keys_are_the_service_keys() -> None:
         assert keys.policies_prefix() == b"/agenttx/policies/"
         assert keys.policy("ns", "p") == b"/agenttx/policies/ns/p"
         assert keys.auth_jwks() == b"/agenttx/auth/jwks"
-    assert not hasattr(reconcile, "policy_key") and not hasattr(reconcile, "policies_prefix")
+    for module in (conditions, lifecycle, mounts, policy_spec, sandboxes):
+        assert not hasattr(module, "policy_key") and not hasattr(module, "policies_prefix")
 
 
 # ---- names and the claim -----------------------------------------------------------
 
 def test_names_are_dns_safe_unique_and_bounded() -> None:
     long = "x" * 253
-    assert len(reconcile.claim_name("ns", long)) <= 253
-    assert len(reconcile.volume_name("n" * 63, long)) <= 63
-    assert reconcile.volume_name("a-b", "c") != reconcile.volume_name("a", "b-c")
-    assert reconcile.claim_name("a-b", "c") != reconcile.claim_name("a", "b-c")
-    name = reconcile.volume_name("Team.A", "my.policy")
+    assert len(sandboxes.claim_name("ns", long)) <= 253
+    assert len(sandboxes.volume_name("n" * 63, long)) <= 63
+    assert sandboxes.volume_name("a-b", "c") != sandboxes.volume_name("a", "b-c")
+    assert sandboxes.claim_name("a-b", "c") != sandboxes.claim_name("a", "b-c")
+    name = sandboxes.volume_name("Team.A", "my.policy")
     assert name == name.lower() and "." not in name
 
 
 def test_build_pvc_lives_in_the_service_namespace_and_records_reclaim_policy() -> None:
-    pvc = reconcile.build_pvc("team-a", "research", full_spec()["sandbox"], TARGET)
+    pvc = sandboxes.build_pvc("team-a", "research", full_spec()["sandbox"], TARGET)
     assert pvc["metadata"]["namespace"] == "agenttx-system"
-    assert pvc["metadata"]["name"] == reconcile.claim_name("team-a", "research")
+    assert pvc["metadata"]["name"] == sandboxes.claim_name("team-a", "research")
     assert pvc["metadata"]["annotations"] == {
-        reconcile.ANNOTATION_POLICY: "team-a/research",
-        reconcile.ANNOTATION_RECLAIM_POLICY: "Retain",
+        sandboxes.ANNOTATION_POLICY: "team-a/research",
+        sandboxes.ANNOTATION_RECLAIM_POLICY: "Retain",
     }
-    assert pvc["metadata"]["labels"][reconcile.LABEL_MANAGED_BY] == "agenttx-operator"
+    assert pvc["metadata"]["labels"][sandboxes.LABEL_MANAGED_BY] == "agenttx-operator"
     assert pvc["spec"] == {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": "1Gi"}},
@@ -186,83 +187,83 @@ def test_build_pvc_lives_in_the_service_namespace_and_records_reclaim_policy() -
 
 
 def test_build_pvc_defaults_to_read_write_many_and_named_storage_class() -> None:
-    pvc = reconcile.build_pvc("ns", "p", {"size": "2Gi", "storageClassName": "nfs"}, TARGET)
+    pvc = sandboxes.build_pvc("ns", "p", {"size": "2Gi", "storageClassName": "nfs"}, TARGET)
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pvc["spec"]["storageClassName"] == "nfs"
-    assert pvc["metadata"]["annotations"][reconcile.ANNOTATION_RECLAIM_POLICY] == "Delete"
+    assert pvc["metadata"]["annotations"][sandboxes.ANNOTATION_RECLAIM_POLICY] == "Delete"
 
 
 def test_plan_claim_is_empty_for_the_claim_it_built() -> None:
-    desired = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    desired = sandboxes.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
     live = copy.deepcopy(desired)
     live["spec"]["volumeName"] = "pv-123"  # server-side additions do not count
     live["status"] = {"phase": "Bound"}
-    assert reconcile.plan_claim(live, desired) == reconcile.ClaimPlan(None, None, ())
+    assert sandboxes.plan_claim(live, desired) == sandboxes.ClaimPlan(None, None, ())
 
 
 def test_plan_claim_grows_but_never_shrinks_or_moves() -> None:
-    live = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
-    bigger = reconcile.build_pvc("ns", "p", {"size": "2048Mi", "reclaimPolicy": "Retain"}, TARGET)
-    plan = reconcile.plan_claim(live, bigger)
+    live = sandboxes.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    bigger = sandboxes.build_pvc("ns", "p", {"size": "2048Mi", "reclaimPolicy": "Retain"}, TARGET)
+    plan = sandboxes.plan_claim(live, bigger)
     # Two patches: the cluster may refuse the resize, never the annotation.
     assert plan.patch == {
-        "metadata": {"annotations": {reconcile.ANNOTATION_RECLAIM_POLICY: "Retain"}}}
+        "metadata": {"annotations": {sandboxes.ANNOTATION_RECLAIM_POLICY: "Retain"}}}
     assert plan.resize == {"spec": {"resources": {"requests": {"storage": "2048Mi"}}}}
     assert plan.problems == ()
-    same = reconcile.build_pvc("ns", "p", {"size": "1024Mi"}, TARGET)
-    assert reconcile.plan_claim(live, same) == reconcile.ClaimPlan(None, None, ())
-    smaller = reconcile.build_pvc(
+    same = sandboxes.build_pvc("ns", "p", {"size": "1024Mi"}, TARGET)
+    assert sandboxes.plan_claim(live, same) == sandboxes.ClaimPlan(None, None, ())
+    smaller = sandboxes.build_pvc(
         "ns", "p", {"size": "500Mi", "storageClassName": "fast",
                     "accessModes": ["ReadWriteOnce"]}, TARGET)
-    plan = reconcile.plan_claim(live, smaller)
+    plan = sandboxes.plan_claim(live, smaller)
     assert plan.patch is None and plan.resize is None
     assert [p.split(" ", 1)[0] for p in plan.problems] == [
         "sandbox.size", "sandbox.storageClassName", "sandbox.accessModes"]
 
 
 def test_claim_sync_reports_a_refused_resize_with_the_api_message() -> None:
-    live = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
-    bigger = reconcile.build_pvc("ns", "p", {"size": "5Gi"}, TARGET)
-    sync = reconcile.claim_sync(live, bigger, refused=(403, "only dynamically provisioned "
+    live = sandboxes.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    bigger = sandboxes.build_pvc("ns", "p", {"size": "5Gi"}, TARGET)
+    sync = sandboxes.claim_sync(live, bigger, refused=(403, "only dynamically provisioned "
                                                             "pvc can be resized"))
-    claim = reconcile.claim_name("ns", "p")
-    assert sync == reconcile.ClaimSync(False, "ResizeRefused", (
+    claim = sandboxes.claim_name("ns", "p")
+    assert sync == conditions.ClaimSync(False, "ResizeRefused", (
         f"the cluster refused to resize claim agenttx-system/{claim} from 1Gi to 5Gi "
         "(HTTP 403: only dynamically provisioned pvc can be resized); the sandbox keeps 1Gi"))
-    drift = reconcile.claim_sync(live, bigger, problems=["sandbox.accessModes differ"])
+    drift = sandboxes.claim_sync(live, bigger, problems=["sandbox.accessModes differ"])
     assert (drift.synced, drift.reason, drift.message) == (
         False, "ClaimDrift", "sandbox.accessModes differ")
-    assert reconcile.claim_sync(live, live) == reconcile.ClaimSync(
+    assert sandboxes.claim_sync(live, live) == conditions.ClaimSync(
         True, "InSync", f"claim agenttx-system/{claim} matches spec.sandbox")
 
 
 def test_quantities_compare_in_bytes() -> None:
-    assert reconcile.quantity_bytes("1Gi") == reconcile.quantity_bytes("1024Mi")
-    assert reconcile.quantity_bytes("1G") == 1e9
-    assert reconcile.quantity_bytes("1e3") == 1000
+    assert sandboxes.quantity_bytes("1Gi") == sandboxes.quantity_bytes("1024Mi")
+    assert sandboxes.quantity_bytes("1G") == 1e9
+    assert sandboxes.quantity_bytes("1e3") == 1000
 
 
 def test_claim_retained_reads_the_annotation() -> None:
-    retained = reconcile.build_pvc("ns", "p", {"size": "1Gi", "reclaimPolicy": "Retain"}, TARGET)
-    deleted = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
-    assert reconcile.claim_retained(retained) is True
-    assert reconcile.claim_retained(deleted) is False
-    assert reconcile.claim_retained(None) is False
+    retained = sandboxes.build_pvc("ns", "p", {"size": "1Gi", "reclaimPolicy": "Retain"}, TARGET)
+    deleted = sandboxes.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    assert sandboxes.claim_retained(retained) is True
+    assert sandboxes.claim_retained(deleted) is False
+    assert sandboxes.claim_retained(None) is False
 
 
 # ---- the Deployment patch ----------------------------------------------------------
 
 def test_mount_patch_adds_exactly_one_volume_and_mount() -> None:
     dep = service_deployment()
-    ops = reconcile.deployment_patch(dep, "team-a", "research", TARGET, mounted=True)
+    ops = mounts.deployment_patch(dep, "team-a", "research", TARGET, mounted=True)
     assert ops is not None
     after = jsonpatch.apply_patch(dep, ops)
     pod = after["spec"]["template"]["spec"]
-    vname = reconcile.volume_name("team-a", "research")
+    vname = sandboxes.volume_name("team-a", "research")
     assert pod["volumes"] == [
         {"name": "tmp", "emptyDir": {}},
         {"name": vname,
-         "persistentVolumeClaim": {"claimName": reconcile.claim_name("team-a", "research")}},
+         "persistentVolumeClaim": {"claimName": sandboxes.claim_name("team-a", "research")}},
     ]
     assert pod["containers"][1]["volumeMounts"] == [
         {"name": "tmp", "mountPath": "/tmp"},
@@ -276,16 +277,16 @@ def test_mount_patch_adds_exactly_one_volume_and_mount() -> None:
 def test_mount_patch_is_idempotent() -> None:
     dep = service_deployment()
     after = jsonpatch.apply_patch(
-        dep, reconcile.deployment_patch(dep, "ns", "p", TARGET, mounted=True))
-    assert reconcile.deployment_patch(after, "ns", "p", TARGET, mounted=True) is None
+        dep, mounts.deployment_patch(dep, "ns", "p", TARGET, mounted=True))
+    assert mounts.deployment_patch(after, "ns", "p", TARGET, mounted=True) is None
 
 
 def test_api_server_defaults_do_not_count_as_drift() -> None:
     dep = service_deployment()
     after = jsonpatch.apply_patch(
-        dep, reconcile.deployment_patch(dep, "ns", "p", TARGET, mounted=True))
+        dep, mounts.deployment_patch(dep, "ns", "p", TARGET, mounted=True))
     after["spec"]["template"]["spec"]["containers"][1]["volumeMounts"][1]["readOnly"] = False
-    assert reconcile.deployment_patch(after, "ns", "p", TARGET, mounted=True) is None
+    assert mounts.deployment_patch(after, "ns", "p", TARGET, mounted=True) is None
 
 
 def test_mount_patch_creates_missing_lists() -> None:
@@ -293,9 +294,9 @@ def test_mount_patch_creates_missing_lists() -> None:
     del dep["spec"]["template"]["spec"]["volumes"]
     del dep["spec"]["template"]["spec"]["containers"][1]["volumeMounts"]
     after = jsonpatch.apply_patch(
-        dep, reconcile.deployment_patch(dep, "ns", "p", TARGET, mounted=True))
+        dep, mounts.deployment_patch(dep, "ns", "p", TARGET, mounted=True))
     pod = after["spec"]["template"]["spec"]
-    assert [v["name"] for v in pod["volumes"]] == [reconcile.volume_name("ns", "p")]
+    assert [v["name"] for v in pod["volumes"]] == [sandboxes.volume_name("ns", "p")]
     assert [m["mountPath"] for m in pod["containers"][1]["volumeMounts"]] == ["/sandboxes/ns/p"]
 
 
@@ -303,25 +304,25 @@ def test_unmount_removes_only_this_policy_and_is_idempotent() -> None:
     dep = service_deployment()
     for ns, name in (("ns", "a"), ("ns", "b")):
         dep = jsonpatch.apply_patch(
-            dep, reconcile.deployment_patch(dep, ns, name, TARGET, mounted=True))
-    ops = reconcile.deployment_patch(dep, "ns", "a", TARGET, mounted=False)
+            dep, mounts.deployment_patch(dep, ns, name, TARGET, mounted=True))
+    ops = mounts.deployment_patch(dep, "ns", "a", TARGET, mounted=False)
     assert ops is not None
     assert all(op["op"] in ("test", "remove") for op in ops)
     after = jsonpatch.apply_patch(dep, ops)
     pod = after["spec"]["template"]["spec"]
-    assert [v["name"] for v in pod["volumes"]] == ["tmp", reconcile.volume_name("ns", "b")]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp", sandboxes.volume_name("ns", "b")]
     assert [m["mountPath"] for m in pod["containers"][1]["volumeMounts"]] == [
         "/tmp", "/sandboxes/ns/b"]
-    assert reconcile.deployment_patch(after, "ns", "a", TARGET, mounted=False) is None
-    assert reconcile.deployment_patch(service_deployment(), "ns", "a", TARGET,
+    assert mounts.deployment_patch(after, "ns", "a", TARGET, mounted=False) is None
+    assert mounts.deployment_patch(service_deployment(), "ns", "a", TARGET,
                                       mounted=False) is None
 
 
 def test_patch_guards_indexes_against_concurrent_changes() -> None:
     dep = service_deployment()
-    dep = jsonpatch.apply_patch(dep, reconcile.deployment_patch(dep, "ns", "a", TARGET,
+    dep = jsonpatch.apply_patch(dep, mounts.deployment_patch(dep, "ns", "a", TARGET,
                                                                 mounted=True))
-    ops = reconcile.deployment_patch(dep, "ns", "a", TARGET, mounted=False)
+    ops = mounts.deployment_patch(dep, "ns", "a", TARGET, mounted=False)
     # Someone inserts a volume at the front after we read the Deployment.
     moved = copy.deepcopy(dep)
     moved["spec"]["template"]["spec"]["volumes"].insert(0, {"name": "new", "emptyDir": {}})
@@ -331,10 +332,10 @@ def test_patch_guards_indexes_against_concurrent_changes() -> None:
 
 def test_patch_repairs_a_mount_at_the_wrong_path() -> None:
     dep = service_deployment()
-    dep = jsonpatch.apply_patch(dep, reconcile.deployment_patch(dep, "ns", "a", TARGET,
+    dep = jsonpatch.apply_patch(dep, mounts.deployment_patch(dep, "ns", "a", TARGET,
                                                                 mounted=True))
     dep["spec"]["template"]["spec"]["containers"][1]["volumeMounts"][1]["mountPath"] = "/x"
-    ops = reconcile.deployment_patch(dep, "ns", "a", TARGET, mounted=True)
+    ops = mounts.deployment_patch(dep, "ns", "a", TARGET, mounted=True)
     assert [op["op"] for op in ops] == ["test", "test", "replace"]
     after = jsonpatch.apply_patch(dep, ops)
     assert after["spec"]["template"]["spec"]["containers"][1]["volumeMounts"][1][
@@ -343,32 +344,32 @@ def test_patch_repairs_a_mount_at_the_wrong_path() -> None:
 
 def test_mount_patch_needs_the_service_container() -> None:
     other = Target(service_namespace="s", container="missing")
-    with pytest.raises(reconcile.ContainerNotFound, match="missing"):
-        reconcile.deployment_patch(service_deployment(), "ns", "p", other, mounted=True)
-    assert reconcile.deployment_patch(service_deployment(), "ns", "p", other,
+    with pytest.raises(mounts.ContainerNotFound, match="missing"):
+        mounts.deployment_patch(service_deployment(), "ns", "p", other, mounted=True)
+    assert mounts.deployment_patch(service_deployment(), "ns", "p", other,
                                       mounted=False) is None
 
 
 # ---- volume readiness --------------------------------------------------------------
 
 def test_volume_ready_needs_bound_claim_and_rolled_out_deployment() -> None:
-    pvc = reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
+    pvc = sandboxes.build_pvc("ns", "p", {"size": "1Gi"}, TARGET)
     dep = service_deployment()
-    assert reconcile.volume_ready(None, dep)[0] is False
-    ready, why = reconcile.volume_ready(pvc, dep)
+    assert mounts.volume_ready(None, dep)[0] is False
+    ready, why = mounts.volume_ready(pvc, dep)
     assert not ready and "Pending" in why
     pvc["status"] = {"phase": "Bound"}
-    assert reconcile.volume_ready(pvc, dep) == (True, "")
+    assert mounts.volume_ready(pvc, dep) == (True, "")
     dep["metadata"]["generation"] = 4
-    ready, why = reconcile.volume_ready(pvc, dep)
+    ready, why = mounts.volume_ready(pvc, dep)
     assert not ready and "not observed" in why
     dep["status"] = {"observedGeneration": 4, "updatedReplicas": 1}
-    ready, why = reconcile.volume_ready(pvc, dep)
+    ready, why = mounts.volume_ready(pvc, dep)
     assert not ready and "1/2" in why
-    assert reconcile.volume_ready(pvc, None)[0] is False
+    assert mounts.volume_ready(pvc, None)[0] is False
 
 
-BOUND = {**reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET), "status": {"phase": "Bound"}}
+BOUND = {**sandboxes.build_pvc("ns", "p", {"size": "1Gi"}, TARGET), "status": {"phase": "Bound"}}
 
 
 @pytest.mark.parametrize(("status", "why"), [
@@ -388,7 +389,7 @@ BOUND = {**reconcile.build_pvc("ns", "p", {"size": "1Gi"}, TARGET), "status": {"
 def test_volume_ready_waits_for_the_rollout_to_complete(status: dict, why: str) -> None:
     dep = service_deployment()
     dep["status"] = {"observedGeneration": 3, **status}
-    ready, message = reconcile.volume_ready(BOUND, dep)
+    ready, message = mounts.volume_ready(BOUND, dep)
     assert not ready
     assert why in message
 
@@ -400,7 +401,7 @@ def test_volume_ready_reports_a_stuck_rollout() -> None:
                          "type": "Progressing", "status": "False",
                          "reason": "ProgressDeadlineExceeded",
                          "message": 'ReplicaSet "agenttx-7d9" has timed out progressing.'}]}
-    ready, why = reconcile.volume_ready(BOUND, dep)
+    ready, why = mounts.volume_ready(BOUND, dep)
     assert not ready
     assert why == (
         "the service Deployment is rolling out the sandbox mount (1/2 pods updated); "
@@ -410,16 +411,16 @@ def test_volume_ready_reports_a_stuck_rollout() -> None:
 
 def test_volume_ready_once_every_pod_runs_the_mount() -> None:
     dep = service_deployment()
-    assert reconcile.volume_ready(BOUND, dep) == (True, "")
+    assert mounts.volume_ready(BOUND, dep) == (True, "")
     dep["spec"]["replicas"] = 0  # scaled to zero: no pod can serve without the mount
     dep["status"] = {"observedGeneration": 3}
-    assert reconcile.volume_ready(BOUND, dep) == (True, "")
+    assert mounts.volume_ready(BOUND, dep) == (True, "")
 
 
 # ---- status ------------------------------------------------------------------------
 
 def test_status_published_is_ready_true() -> None:
-    status = reconcile.build_status(None, generation=2, reason=reconcile.REASON_PUBLISHED,
+    status = conditions.build_status(None, generation=2, reason=conditions.REASON_PUBLISHED,
                                     message="ok", sandbox_claim="s/c", now=NOW)
     assert status == {
         "observedGeneration": 2,
@@ -431,11 +432,11 @@ def test_status_published_is_ready_true() -> None:
     }
 
 
-@pytest.mark.parametrize("reason", [reconcile.REASON_INVALID_SPEC,
-                                    reconcile.REASON_ETCD_UNAVAILABLE,
-                                    reconcile.REASON_VOLUME_PENDING])
+@pytest.mark.parametrize("reason", [conditions.REASON_INVALID_SPEC,
+                                    conditions.REASON_ETCD_UNAVAILABLE,
+                                    conditions.REASON_VOLUME_PENDING])
 def test_status_other_reasons_are_ready_false(reason: str) -> None:
-    status = reconcile.build_status(None, generation=1, reason=reason, message="m",
+    status = conditions.build_status(None, generation=1, reason=reason, message="m",
                                     sandbox_claim=None, now=NOW)
     assert status["conditions"][0]["status"] == "False"
     assert status["conditions"][0]["reason"] == reason
@@ -443,14 +444,14 @@ def test_status_other_reasons_are_ready_false(reason: str) -> None:
 
 
 def test_status_transition_time_moves_only_when_status_flips() -> None:
-    first = reconcile.build_status(None, generation=1, reason=reconcile.REASON_VOLUME_PENDING,
+    first = conditions.build_status(None, generation=1, reason=conditions.REASON_VOLUME_PENDING,
                                    message="binding", sandbox_claim="s/c", now=NOW)
     # Same status (False), other reason: the transition time stays.
-    second = reconcile.build_status(first, generation=1,
-                                    reason=reconcile.REASON_ETCD_UNAVAILABLE,
+    second = conditions.build_status(first, generation=1,
+                                    reason=conditions.REASON_ETCD_UNAVAILABLE,
                                     message="down", sandbox_claim="s/c", now=LATER)
     assert second["conditions"][0]["lastTransitionTime"] == NOW
-    third = reconcile.build_status(second, generation=1, reason=reconcile.REASON_PUBLISHED,
+    third = conditions.build_status(second, generation=1, reason=conditions.REASON_PUBLISHED,
                                    message="ok", sandbox_claim="s/c", now=LATER)
     assert third["conditions"][0]["lastTransitionTime"] == LATER
 
@@ -458,21 +459,21 @@ def test_status_transition_time_moves_only_when_status_flips() -> None:
 def test_status_is_idempotent_and_keeps_other_conditions() -> None:
     old = {"conditions": [{"type": "Custom", "status": "True", "reason": "X", "message": "",
                            "lastTransitionTime": NOW}]}
-    first = reconcile.build_status(old, generation=3, reason=reconcile.REASON_PUBLISHED,
+    first = conditions.build_status(old, generation=3, reason=conditions.REASON_PUBLISHED,
                                    message="ok", sandbox_claim=None, now=NOW)
     assert [c["type"] for c in first["conditions"]] == ["Custom", "Ready"]
-    again = reconcile.build_status(first, generation=3, reason=reconcile.REASON_PUBLISHED,
+    again = conditions.build_status(first, generation=3, reason=conditions.REASON_PUBLISHED,
                                    message="ok", sandbox_claim=None, now=LATER)
     assert again == first
-    assert reconcile.status_patch(first, again) is None
-    changed = reconcile.build_status(first, generation=4, reason=reconcile.REASON_PUBLISHED,
+    assert conditions.status_patch(first, again) is None
+    changed = conditions.build_status(first, generation=4, reason=conditions.REASON_PUBLISHED,
                                      message="ok", sandbox_claim=None, now=LATER)
-    assert set(reconcile.status_patch(first, changed)) == {"observedGeneration", "conditions"}
+    assert set(conditions.status_patch(first, changed)) == {"observedGeneration", "conditions"}
 
 
 def test_status_claim_condition_is_set_kept_and_removed() -> None:
-    refused = reconcile.ClaimSync(False, "ResizeRefused", "refused")
-    first = reconcile.build_status(None, generation=2, reason=reconcile.REASON_PUBLISHED,
+    refused = conditions.ClaimSync(False, "ResizeRefused", "refused")
+    first = conditions.build_status(None, generation=2, reason=conditions.REASON_PUBLISHED,
                                    message="ok", sandbox_claim="s/c", now=NOW,
                                    claim_sync=refused)
     assert first["conditions"] == [
@@ -482,21 +483,21 @@ def test_status_claim_condition_is_set_kept_and_removed() -> None:
          "lastTransitionTime": NOW, "reason": "Published", "message": "ok"},
     ]
     # KEEP (an invalid spec, a deletion): the claim condition stays exactly as it was.
-    kept = reconcile.build_status(first, generation=3, reason=reconcile.REASON_INVALID_SPEC,
+    kept = conditions.build_status(first, generation=3, reason=conditions.REASON_INVALID_SPEC,
                                   message="bad", sandbox_claim="s/c", now=LATER)
     assert kept["conditions"][0] == first["conditions"][0]
     # Same False status again: the transition time stays; flipping to True moves it.
-    again = reconcile.build_status(first, generation=3, reason=reconcile.REASON_PUBLISHED,
+    again = conditions.build_status(first, generation=3, reason=conditions.REASON_PUBLISHED,
                                    message="ok", sandbox_claim="s/c", now=LATER,
                                    claim_sync=refused)
     assert again["conditions"][0]["lastTransitionTime"] == NOW
-    fixed = reconcile.build_status(again, generation=4, reason=reconcile.REASON_PUBLISHED,
+    fixed = conditions.build_status(again, generation=4, reason=conditions.REASON_PUBLISHED,
                                    message="ok", sandbox_claim="s/c", now=LATER,
-                                   claim_sync=reconcile.ClaimSync(True, "InSync", "fine"))
+                                   claim_sync=conditions.ClaimSync(True, "InSync", "fine"))
     assert fixed["conditions"][0]["status"] == "True"
     assert fixed["conditions"][0]["lastTransitionTime"] == LATER
     # No sandbox any more: the condition goes.
-    gone = reconcile.build_status(fixed, generation=5, reason=reconcile.REASON_PUBLISHED,
+    gone = conditions.build_status(fixed, generation=5, reason=conditions.REASON_PUBLISHED,
                                   message="ok", sandbox_claim=None, now=LATER, claim_sync=None)
     assert [c["type"] for c in gone["conditions"]] == ["Ready"]
 
@@ -504,17 +505,17 @@ def test_status_claim_condition_is_set_kept_and_removed() -> None:
 # ---- deletion ----------------------------------------------------------------------
 
 def test_delete_removes_claim_unless_retained() -> None:
-    assert reconcile.delete_actions({"sandbox": {"size": "1Gi"}}) == reconcile.DeleteActions(
+    assert lifecycle.delete_actions({"sandbox": {"size": "1Gi"}}) == lifecycle.DeleteActions(
         unpublish=True, unmount=True, delete_claim=True)
-    assert reconcile.delete_actions(
+    assert lifecycle.delete_actions(
         {"sandbox": {"size": "1Gi", "reclaimPolicy": "Retain"}}
-    ) == reconcile.DeleteActions(unpublish=True, unmount=True, delete_claim=False)
-    assert reconcile.delete_actions({}).delete_claim is True
+    ) == lifecycle.DeleteActions(unpublish=True, unmount=True, delete_claim=False)
+    assert lifecycle.delete_actions({}).delete_claim is True
 
 
 def test_delete_tolerates_an_invalid_spec() -> None:
-    assert reconcile.delete_actions(None).unpublish is True
-    assert reconcile.delete_actions({"sandbox": "junk"}).delete_claim is True
+    assert lifecycle.delete_actions(None).unpublish is True
+    assert lifecycle.delete_actions({"sandbox": "junk"}).delete_claim is True
 
 
 def test_orphaned_keys_respects_prefix_namespaces_and_live_policies() -> None:
@@ -526,15 +527,15 @@ def test_orphaned_keys_respects_prefix_namespaces_and_live_policies() -> None:
     }
     existing = {("a", "live")}
     for keys in (Keys("/agenttx"), Keys("agenttx")):
-        assert reconcile.orphaned_keys(published, existing, keys) == {
+        assert lifecycle.orphaned_keys(published, existing, keys) == {
             b"/agenttx/policies/a/gone": 6, b"/agenttx/policies/b/gone": 7}
-        assert reconcile.orphaned_keys(published, existing, keys, ["a"]) == {
+        assert lifecycle.orphaned_keys(published, existing, keys, ["a"]) == {
             b"/agenttx/policies/a/gone": 6}
 
 
 def test_retry_delay_doubles_up_to_the_cap() -> None:
-    assert [reconcile.retry_delay(r, 2, 60) for r in range(7)] == [2, 4, 8, 16, 32, 60, 60]
-    assert reconcile.retry_delay(10_000, 2, 60) == 60
+    assert [lifecycle.retry_delay(r, 2, 60) for r in range(7)] == [2, 4, 8, 16, 32, 60, 60]
+    assert lifecycle.retry_delay(10_000, 2, 60) == 60
 
 
 # ---- service-account issuer keys (jwks) ---------------------------------------------
