@@ -361,7 +361,30 @@ def ratios(report: dict[str, Any]) -> dict[str, Any]:
     conc = report.get("concurrent")
     if conc:
         out["steps_per_s_over_cas_per_s"] = round(conc["steps_per_s"] / base["cas"]["per_s"], 3)
+    peers = report.get("peers")
+    if peers and wf.get("ExecuteStep kv.put"):
+        out["systems"] = systems(report, cas)
     return out
+
+
+def systems(report: dict[str, Any], cas: float) -> dict[str, Any]:
+    """Every system's workflows/s and step p50, each p50 as a ratio to the same raw etcd
+    CAS, AgentTx first; a skipped peer keeps its reason."""
+    wf = report["workflows"]
+    agenttx_per_s = wf["workflows_per_s"]
+    rows: dict[str, Any] = {"agenttx": {
+        "workflows_per_s": agenttx_per_s,
+        "step_p50_ms": wf["latency_ms"]["ExecuteStep kv.put"]["p50"],
+        "step_p50_over_cas": round(wf["latency_ms"]["ExecuteStep kv.put"]["p50"] / cas, 2)}}
+    for name, peer in report["peers"].items():
+        if "skipped" in peer:
+            rows[name] = {"skipped": peer["skipped"]}
+            continue
+        rows[name] = {"workflows_per_s": peer["per_s"], "step_p50_ms": peer["step_ms"]["p50"],
+                      "step_p50_over_cas": round(peer["step_ms"]["p50"] / cas, 2),
+                      "agenttx_workflows_per_s_over_this": round(agenttx_per_s / peer["per_s"], 2)
+                      if peer["per_s"] else None}
+    return rows
 
 
 def print_report(r: dict[str, Any]) -> None:
@@ -396,6 +419,17 @@ def print_report(r: dict[str, Any]) -> None:
               f"{long['commit_long_same_keys_over_10']} over the same 10 keys, "
               f"{long['commit_long_over_10']} with {long['steps']} distinct keys "
               "(linear in the write set)")
+    systems_ = r.get("ratios", {}).get("systems")
+    if systems_:
+        print("peers     the same workflow (begin + 10 writes + commit, 1 agent), same run:")
+        for name, row in systems_.items():
+            if "skipped" in row:
+                print(f"          {name:<20} skipped: {row['skipped']}")
+                continue
+            vs = row.get("agenttx_workflows_per_s_over_this")
+            print(f"          {name:<20} {row['workflows_per_s']:>6} workflows/s  step p50 "
+                  f"{row['step_p50_ms']:.3f} ms = {row['step_p50_over_cas']}x CAS"
+                  + (f"  (AgentTx: {vs}x its workflows/s)" if vs is not None else ""))
     rss = r.get("rss")
     if rss and "rss_mib_samples" in rss:
         s = rss["rss_mib_samples"]
@@ -423,6 +457,11 @@ def run_all(ns: argparse.Namespace, target: str, endpoint: str | None,
     if ns.rss_transactions:
         report["rss"] = rss_over(stub, ns.rss_transactions, pid, show)
     channel.close()
+    if ns.peers:
+        from .peers import run_peers
+
+        report["peers"] = run_peers(ns.peer_workflows or ns.workflows,
+                                    lambda text: progress(text, show))
     report["ratios"] = ratios(report)
     return report
 
@@ -445,6 +484,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="replica RSS across this many transactions (0 = skip)")
     parser.add_argument("--event-loop", choices=["asyncio", "uvloop"], default=None,
                         help="the started service's event loop (default: the service's)")
+    parser.add_argument("--peers", action="store_true",
+                        help="also run the same workflow on LangGraph + PostgreSQL (durability "
+                             "sync) and DBOS against a PostgreSQL started on loopback "
+                             "(pip install 'agenttx[bench]'; Debian's postgresql)")
+    parser.add_argument("--peer-workflows", type=int, default=0,
+                        help="workflows per peer (default: --workflows)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON only")
 
 
