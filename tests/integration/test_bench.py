@@ -74,3 +74,16 @@ def test_bench_peers_run_the_same_workflow_beside_agenttx_as_ratios_to_the_same_
     assert systems["dbos"]["agenttx_workflows_per_s_over_this"] == round(
         systems["agenttx"]["workflows_per_s"] / systems["dbos"]["workflows_per_s"], 2)
     assert "peers: langgraph_postgres" in out.stderr
+
+
+def test_bench_compares_two_workers_with_one_in_the_same_run():
+    out = subprocess.run(
+        [sys.executable, "-m", "agenttx", "bench", "--workflows", "2", "--transactions", "8",
+         "--concurrency", "4", "--tx-steps", "3", "--compare-workers", "2", "--json"],
+        capture_output=True, text=True, timeout=240, check=True)
+    r = json.loads(out.stdout)
+    wk = r["workers"]
+    assert wk["workers"] == 2 and wk["concurrent"]["errors"] == 0
+    assert wk["concurrent"]["transactions"] == 8 and wk["concurrent"]["agents"] == 4
+    assert wk["steps_per_s_1_worker"] == r["concurrent"]["steps_per_s"]
+    assert wk["ratio"] == round(wk["concurrent"]["steps_per_s"] / r["concurrent"]["steps_per_s"], 2)
