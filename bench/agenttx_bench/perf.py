@@ -575,7 +575,7 @@ def _start_service(port: int, endpoint: str, data_dir: str, env: dict[str, str],
         stderr=subprocess.DEVNULL, env=env)
 
 
-def _wait_workers(metrics_port: int, workers: int, timeout: float = 60.0) -> None:
+def _wait_workers(metrics_port: int, workers: int, timeout: float = 120.0) -> None:
     """Until every worker serves (worker i answers /metrics on metrics_port + i once it
     started, just after its gRPC server did)."""
     import urllib.request
@@ -622,7 +622,7 @@ def compare_workers(ns: argparse.Namespace, endpoint: str, data_dir: str,
             if one["steps_per_s"] else None}
 
 
-def _wait_ready(target: str, timeout: float = 30.0) -> None:
+def _wait_ready(target: str, timeout: float = 120.0) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout
