@@ -70,11 +70,16 @@ def clean_error(raw: str, *, known_tools: Iterable[str] = (),
                 category: str | None = None) -> CleanedError:
     """Classify `raw` (any error text) and build the agent-facing hint. Never raises.
 
-    `category`, when the tool states it (one of CATEGORIES), is kept as is and `raw` only
-    made one line of at most HINT_MAX_CHARS; anything else is classified from the text."""
+    `category`, when the tool states it (one of CATEGORIES), is kept as is: when the text
+    is worded the way a rule of that same category knows, that rule still builds the hint
+    (with the values and what to do); otherwise the hint is `raw` made one line of at most
+    HINT_MAX_CHARS. Without a category, the text is classified."""
     try:
         text = _normalize(raw)
         if category is not None and category in CATEGORIES and category != "internal_error":
+            known = _classify(text, _tool_names(known_tools)) if text else None
+            if known is not None and known.category == category:
+                return known
             hint = _shorten(_collapse(text), HINT_MAX_CHARS)
             return CleanedError(category, hint or EMPTY_MESSAGE_HINT, {})
         if not text:

@@ -564,3 +564,22 @@ def test_failing_known_tools_iterable_never_raises() -> None:
     cleaned = clean_error("function kv.gett() does not exist", known_tools=broken())
     assert cleaned.category == "undefined_function"
     assert cleaned.subject == {"tool": "kv.gett"}
+
+
+@pytest.mark.parametrize(("raw", "category", "subject", "fragments"), CASES)
+def test_a_stated_category_that_matches_the_wording_gets_the_same_hint_as_the_text(
+        raw: str, category: str, subject: dict[str, str], fragments: list[str]) -> None:
+    """The built-in tools state their category; their PostgreSQL-style wording still gets
+    the precise hint (the values, what to do), exactly as if it had been classified."""
+    assert clean_error(raw, category=category, known_tools=BUILTIN_TOOLS) == \
+        clean_error(raw, known_tools=BUILTIN_TOOLS)
+
+
+def test_a_stated_category_wins_over_the_wording_of_another_category() -> None:
+    """A tool's own category is kept even when its text reads like something else; the
+    hint is then its message, made one line."""
+    raw = 'duplicate key value violates unique constraint "t_pkey"\nDETAIL:  Key (id)=(7).'
+    cleaned = clean_error(raw, category="fdw_error")
+    assert (cleaned.category, cleaned.hint) == (
+        "fdw_error", 'duplicate key value violates unique constraint "t_pkey" DETAIL: Key '
+        "(id)=(7).")

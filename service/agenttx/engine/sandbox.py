@@ -21,7 +21,7 @@ import pathlib
 import re
 import secrets
 
-from ..tools.base import ToolError
+from ..tools.base import INVALID_PARAMETER_VALUE, ToolError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ MAX_DEPTH = 256
 
 def _escape(path: str) -> ToolError:
     return ToolError(f'permission denied for path "{path}": it resolves outside the sandbox',
-                     argument="path")
+                     argument="path", category="insufficient_privilege")
 
 
 def confine(root: str, path: str) -> pathlib.Path:
@@ -44,19 +44,21 @@ def confine(root: str, path: str) -> pathlib.Path:
     if path == "":
         # "path: " names the argument in the hint (serde_path_to_error style)
         raise ToolError('path: invalid value: string "", expected a non-empty relative file path',
-                        argument="path")
+                        argument="path", category=INVALID_PARAMETER_VALUE)
     if "\x00" in path:
         shown = path.replace("\x00", "\\u0000")
         raise ToolError(f'path: invalid value: string "{shown}", expected a path without NUL '
-                        "bytes", argument="path")
+                        "bytes", argument="path", category=INVALID_PARAMETER_VALUE)
     pure = pathlib.PurePosixPath(path)
     if pure.is_absolute() or ".." in pure.parts:
         raise _escape(path)
     if path.endswith("/") or pure.name in ("", "."):
-        raise ToolError(f"Is a directory: '{path}'", argument="path")
+        raise ToolError(f"Is a directory: '{path}'", argument="path",
+                        category=INVALID_PARAMETER_VALUE)
     if len(pure.parts) > MAX_DEPTH:
         raise ToolError(f'path: invalid value: string "{path}", expected a path at most '
-                        f"{MAX_DEPTH} directories deep", argument="path")
+                        f"{MAX_DEPTH} directories deep", argument="path",
+                        category=INVALID_PARAMETER_VALUE)
     if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in pure.parts):
         raise _os_error(OSError(errno.ENAMETOOLONG, "File name too long"), path)
     real_root = os.path.realpath(root)
@@ -65,7 +67,8 @@ def confine(root: str, path: str) -> pathlib.Path:
         raise _escape(path)
     if len(target.encode("utf-8", "surrogateescape")) >= PATH_MAX:
         raise ToolError(f'path: invalid value: string "{path}", expected a path shorter than '
-                        f"{PATH_MAX} bytes under the sandbox root", argument="path")
+                        f"{PATH_MAX} bytes under the sandbox root", argument="path",
+                        category=INVALID_PARAMETER_VALUE)
     return pathlib.Path(target)
 
 
@@ -74,12 +77,15 @@ def _os_error(exc: OSError, path: str) -> ToolError:
     path under the root: the agent must not learn where the sandbox lives)."""
     if exc.errno == errno.ENAMETOOLONG:
         return ToolError(f'path: invalid value: string "{path}", expected a path whose names '
-                         f"are at most {NAME_MAX} bytes", argument="path")
+                         f"are at most {NAME_MAX} bytes", argument="path",
+                         category=INVALID_PARAMETER_VALUE)
     if exc.errno == errno.ELOOP:
         return ToolError(f'path: invalid value: string "{path}", expected a path without a '
-                         "symbolic link loop", argument="path")
+                         "symbolic link loop", argument="path",
+                         category=INVALID_PARAMETER_VALUE)
     if isinstance(exc, FileExistsError | NotADirectoryError):
-        return ToolError(f"Not a directory: '{path}'", argument="path")
+        return ToolError(f"Not a directory: '{path}'", argument="path",
+                         category=INVALID_PARAMETER_VALUE)
     return ToolError(f"{exc.strerror or type(exc).__name__}: '{path}'", argument="path")
 
 
@@ -90,7 +96,8 @@ def read_state(target: pathlib.Path, path: str) -> bytes | None:
     except FileNotFoundError:
         return None
     except IsADirectoryError:
-        raise ToolError(f"Is a directory: '{path}'", argument="path") from None
+        raise ToolError(f"Is a directory: '{path}'", argument="path",
+                        category=INVALID_PARAMETER_VALUE) from None
     except OSError as exc:
         raise _os_error(exc, path) from None
 

@@ -287,7 +287,8 @@ class Stepper:
             if request.parse_error is not None:
                 raise ToolError(request.parse_error)
             if tool is None:
-                raise ToolError(f"function {request.tool_name}() does not exist")
+                raise ToolError(f"function {request.tool_name}() does not exist",
+                                category="undefined_function")
             outputs = await self.loader.outputs(state, request.ref_steps)
             try:
                 resolution = await resolve_step_arguments(request.parsed, outputs, h.live,

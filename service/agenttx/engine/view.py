@@ -32,7 +32,7 @@ from ..args.jsonargs import dumps
 from ..contracts.layout import Keys, encode_id, fs_id
 from ..contracts.outbox import idempotency_key_problem
 from ..store.ops import KeyValue
-from ..tools.base import ToolError
+from ..tools.base import INVALID_PARAMETER_VALUE, UNDEFINED_FILE, ToolError
 from . import sandbox
 from .cache import UNKNOWN, DataCache, TxState
 from .state import NO_WRITE, Buffered, FsWrite, StagedEffect, Touched, WriteState, from_json
@@ -242,11 +242,13 @@ class StepView:
         names = self.channel_names()
         if channel not in names:
             raise ToolError(f'channel "{channel}" does not exist; configured channels: '
-                            f"{', '.join(names)}", argument="channel")
+                            f"{', '.join(names)}", argument="channel",
+                            category="undefined_object")
         if idempotency_key:  # absent or empty: generate one (docs/tools.md)
             problem = idempotency_key_problem(idempotency_key)
             if problem is not None:
-                raise ToolError(f"idempotency_key: {problem}", argument="idempotency_key")
+                raise ToolError(f"idempotency_key: {problem}", argument="idempotency_key",
+                                category=INVALID_PARAMETER_VALUE)
         return self._stage(channel, payload, idempotency_key)
 
     def stage_deferred(self, channel: str, payload: Any) -> str:
@@ -274,7 +276,7 @@ class StepView:
             raise ToolError(
                 'duplicate key value violates unique constraint "effects_pkey"\n'
                 f"DETAIL:  Key (idempotency_key)=({key}) already exists.",
-                argument="idempotency_key")
+                argument="idempotency_key", category="unique_violation")
         self.effect_keys.append(reservation)
         effect = StagedEffect(channel, payload, key)
         self.effects.append(effect)
@@ -302,7 +304,8 @@ class StepView:
                 assert holder is not None
                 self.assumed[lock] = holder.mod_revision  # the CAS checks the guess
                 raise ToolError(f"{LOCK_MESSAGE}\nDETAIL:  Path '{path}' is locked by another "
-                                "transaction.", argument="path", data=fs_data_id(rel))
+                                "transaction.", argument="path", data=fs_data_id(rel),
+                                category="lock_not_available")
         data = contents.encode("utf-8")
         previous = await asyncio.to_thread(sandbox.read_state, target, path)
         tmp = sandbox.temp_name(target, self.tx_id, self.step_id, self.attempt)
@@ -329,7 +332,7 @@ class StepView:
         data = await asyncio.to_thread(sandbox.read_state, target, path)
         if data is None:
             raise ToolError(f"No such file or directory: '{path}'", argument="path",
-                            data=fs_data_id(rel))
+                            data=fs_data_id(rel), category=UNDEFINED_FILE)
         return data.decode("utf-8", errors="replace")
 
     async def discard(self) -> None:

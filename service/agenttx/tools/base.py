@@ -20,7 +20,9 @@ string "5", expected an integer``), so users' tools get the built-ins' hints.
 
 Failures: raise `ToolError(message)` (or any exception; its text is used). The message
 is classified by the error cleaner, so PostgreSQL-, POSIX- or serde-style wording gets
-precise hints (e.g. ``duplicate key value violates unique constraint "t_pkey"``).
+precise hints (e.g. ``duplicate key value violates unique constraint "t_pkey"``). A tool
+that knows its category states it (`category=`): it is kept, never re-guessed from the
+words (docs/tools.md, "Errors").
 
 Third-party packages register tools through the ``agenttx.tools`` entry-point group,
 each entry point naming a Tool subclass (see docs/tools.md and examples/).
@@ -38,6 +40,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..args.jsonargs import describe
 
+# The categories the built-in tools state for their own failures (PostgreSQL condition
+# names; the cleaner's CATEGORIES). A tool that knows its category says so instead of
+# leaving the cleaner to guess it from the words.
+INVALID_PARAMETER_VALUE = "invalid_parameter_value"
+NO_DATA_FOUND = "no_data_found"
+UNDEFINED_FILE = "undefined_file"
+
 
 class RollbackKind(enum.Enum):
     JOURNAL = "journal"
@@ -52,8 +61,10 @@ class ToolError(Exception):
     `argument` names the argument (dotted path) whose value caused the failure, and
     `data` the data id (e.g. ``kv:cart``); the engine uses both to find the culprit step.
     `category` (a PostgreSQL condition name, e.g. ``fdw_error``) is for a tool that knows
-    the category for certain: the cleaner keeps it and only makes the message one line,
-    instead of classifying the text (which it does for everything else).
+    the category for certain; the built-ins always state it. The cleaner keeps it: when
+    the message's wording is one it knows for that same category it still builds its
+    precise hint from the message (the values, what to do), else the hint is the message
+    made one line. Without a category the cleaner classifies the text.
     """
 
     def __init__(self, message: str, *, argument: str | None = None,
@@ -128,19 +139,22 @@ def validate_arguments(args: Mapping[str, Any], fields: ArgumentModel) -> Any:
         spec = by_name.get(name)
         if spec is None:
             if not fields:
-                raise ToolError(f"unknown field `{name}`, there are no fields", argument=name)
+                raise ToolError(f"unknown field `{name}`, there are no fields", argument=name,
+                                category=INVALID_PARAMETER_VALUE)
             expected = ", ".join(f"`{f.name}`" for f in fields)
-            raise ToolError(f"unknown field `{name}`, expected one of {expected}", argument=name)
+            raise ToolError(f"unknown field `{name}`, expected one of {expected}", argument=name,
+                            category=INVALID_PARAMETER_VALUE)
         if not _type_ok(value, spec.type):
             # serde_path_to_error's `<path>: ` prefix, so the hint can name the argument
             raise ToolError(f"{name}: invalid type: {describe(value)}, expected {spec.type.value}",
-                            argument=name)
+                            argument=name, category=INVALID_PARAMETER_VALUE)
     out: dict[str, Any] = {}
     for spec in fields:
         if spec.name in args:
             out[spec.name] = args[spec.name]
         elif spec.required:
-            raise ToolError(f"missing field `{spec.name}`", argument=spec.name)
+            raise ToolError(f"missing field `{spec.name}`", argument=spec.name,
+                            category=INVALID_PARAMETER_VALUE)
         else:
             out[spec.name] = spec.default
     return out
@@ -188,7 +202,7 @@ def _validate_model(args: Mapping[str, Any], model: type[BaseModel]) -> BaseMode
         errors = sorted(exc.errors(include_url=False),
                         key=lambda e: _PYDANTIC_ORDER.get(e["type"], 1))
         message, argument = _serde_message(errors[0], model)
-        raise ToolError(message, argument=argument) from None
+        raise ToolError(message, argument=argument, category=INVALID_PARAMETER_VALUE) from None
 
 
 def _serde_path(loc: Sequence[Any]) -> str:

@@ -14,7 +14,18 @@ from typing import Any, cast
 
 from ..args.jsonargs import describe
 from ..args.refs import has_reference
-from .base import ArgType, Field, FsContext, RollbackKind, Tool, ToolContext, ToolError, ToolResult
+from .base import (
+    INVALID_PARAMETER_VALUE,
+    NO_DATA_FOUND,
+    ArgType,
+    Field,
+    FsContext,
+    RollbackKind,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
+)
 
 TABLE_NAME = re.compile(r"[A-Za-z0-9_]{1,128}")
 # Foreign keys on one row. Each referenced row is read in the step's first etcd round
@@ -32,7 +43,7 @@ def check_table(table: str, argument: str) -> None:
     if not TABLE_NAME.fullmatch(table):
         raise ToolError(
             f'invalid name syntax: table "{table}" must match [A-Za-z0-9_]{{1,128}}',
-            argument=argument)
+            argument=argument, category="invalid_name")
 
 
 def _literal(value: Any) -> bool:
@@ -63,7 +74,7 @@ class KvGet(Tool):
         found, value = await ctx.kv_get(args["key"])
         if not found:
             raise ToolError(f'no row with key={args["key"]} in table "kv"', argument="key",
-                            data=f"kv:{args['key']}")
+                            data=f"kv:{args['key']}", category=NO_DATA_FOUND)
         return ToolResult({"key": args["key"], "value": value})
 
 
@@ -115,33 +126,38 @@ class RecordInsert(Tool):
         if len(references) > MAX_REFERENCES:
             raise ToolError(f"program limit exceeded: {len(references)} references on one row "
                             f"of table \"{table}\"; the limit is {MAX_REFERENCES}",
-                            argument="references")
+                            argument="references", category="program_limit_exceeded")
         for f, ref_table in references.items():
             if not isinstance(ref_table, str):
                 # "<argument>: " names the argument in the hint (serde_path_to_error style)
                 raise ToolError(f"references.{f}: invalid type: {describe(ref_table)}, "
-                                "expected a string", argument=f"references.{f}")
+                                "expected a string", argument=f"references.{f}",
+                                category=INVALID_PARAMETER_VALUE)
             check_table(ref_table, f"references.{f}")
         # PostgreSQL's order: NOT NULL, then the primary key, then foreign keys.
         for f in references:
             if fields.get(f) is None:
                 raise ToolError(
                     f'null value in column "{f}" of relation "{table}" violates not-null '
-                    "constraint", argument=f"fields.{f}")
+                    "constraint", argument=f"fields.{f}",
+                    category="not_null_violation")
         if await ctx.record_get(table, rid) is not None:
             raise ToolError(
                 f'duplicate key value violates unique constraint "{table}_pkey"\n'
-                f"DETAIL:  Key (id)=({pg_value(rid)}) already exists.", argument="id")
+                f"DETAIL:  Key (id)=({pg_value(rid)}) already exists.", argument="id",
+                category="unique_violation")
         for f, ref_table in references.items():
             value = fields[f]
             if not isinstance(value, str | int | float) or isinstance(value, bool):
                 raise ToolError(f"fields.{f}: invalid type: {describe(value)}, expected a "
-                                "string or number", argument=f"fields.{f}")
+                                "string or number", argument=f"fields.{f}",
+                                category=INVALID_PARAMETER_VALUE)
             if await ctx.record_get(ref_table, value) is None:
                 raise ToolError(
                     f'insert or update on table "{table}" violates foreign key constraint '
                     f'"{table}_{f}_fkey"\nDETAIL:  Key ({f})=({pg_value(value)}) is not '
-                    f'present in table "{ref_table}".', argument=f"fields.{f}")
+                    f'present in table "{ref_table}".', argument=f"fields.{f}",
+                    category="foreign_key_violation")
         await ctx.record_insert(table, rid, fields)
         return ToolResult({"table": table, "id": rid, "fields": fields})
 
@@ -159,7 +175,8 @@ class RecordGet(Tool):
         check_table(table, "table")
         row = await ctx.record_get(table, rid)
         if row is None:
-            raise ToolError(f'no row with id={pg_value(rid)} in table "{table}"', argument="id")
+            raise ToolError(f'no row with id={pg_value(rid)} in table "{table}"', argument="id",
+                            category=NO_DATA_FOUND)
         return ToolResult({"table": table, "id": rid, "fields": row})
 
 

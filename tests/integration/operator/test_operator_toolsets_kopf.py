@@ -254,7 +254,8 @@ async def test_an_upstream_without_a_listed_tool_is_unknown_tool_naming_it(
             cond = await reason(api, config, "UnknownTool")
     assert cond["message"].startswith(
         f"{up.url} has no tool remove_comment, reopen_ticket (it lists add_comment, "
-        "close_ticket, create_ticket, delete_comment, search_tickets); will check again")
+        "close_ticket, create_ticket, delete_comment, search_tickets, tracker_status); will "
+        "check again")
     assert await published(store, etcd_prefix) is None
 
 

@@ -29,7 +29,8 @@ def silent() -> Iterator[str]:
 async def test_lists_every_tool_of_a_real_mcp_server() -> None:
     with tracker() as t, mailer() as m:
         assert await upstream.list_tools(Upstream(t.url, (), 2.0), {}) == {
-            "create_ticket", "close_ticket", "search_tickets", "add_comment", "delete_comment"}
+            "create_ticket", "close_ticket", "search_tickets", "add_comment", "delete_comment",
+            "tracker_status"}
         assert await upstream.list_tools(Upstream(m.url, (), 2.0), {}) == {"send_email"}
 
 
