@@ -243,15 +243,30 @@ def step_cpu(stub: Any, steps: int, pid: int | None) -> float | None:
     return round((cpu1 - cpu0) * 1000 / steps, 3)
 
 
-def concurrent(stub: Any, agents: int, transactions: int, steps: int, show: bool
-               ) -> dict[str, Any]:
-    """`agents` threads running transactions of mixed kv/record/fs steps."""
+def concurrent(stub: Any, agents: int, transactions: int, steps: int, show: bool,
+               target: str | None = None) -> dict[str, Any]:
+    """`agents` threads running transactions of mixed kv/record/fs steps. With `target`,
+    each agent opens its own connection (as separate agent processes would), so a
+    service of several workers on one port (`agenttx serve --workers N`) sees them
+    spread by the kernel; without it they share `stub`'s one connection."""
     t = Timings()
     errors = [0]
     per_agent = [transactions // agents + (1 if i < transactions % agents else 0)
                  for i in range(agents)]
 
     def worker(n: int, count: int) -> None:
+        own = None
+        stub_ = stub
+        if target is not None:
+            own = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+            stub_ = pb_grpc.AgentTxServiceStub(own)
+        try:
+            transactions_of(stub_, n, count)
+        finally:
+            if own is not None:
+                own.close()
+
+    def transactions_of(stub: Any, n: int, count: int) -> None:
         for i in range(count):
             try:
                 tx = t.call("BeginTransaction", stub.BeginTransaction,
@@ -361,7 +376,30 @@ def ratios(report: dict[str, Any]) -> dict[str, Any]:
     conc = report.get("concurrent")
     if conc:
         out["steps_per_s_over_cas_per_s"] = round(conc["steps_per_s"] / base["cas"]["per_s"], 3)
+    peers = report.get("peers")
+    if peers and wf.get("ExecuteStep kv.put"):
+        out["systems"] = systems(report, cas)
     return out
+
+
+def systems(report: dict[str, Any], cas: float) -> dict[str, Any]:
+    """Every system's workflows/s and step p50, each p50 as a ratio to the same raw etcd
+    CAS, AgentTx first; a skipped peer keeps its reason."""
+    wf = report["workflows"]
+    agenttx_per_s = wf["workflows_per_s"]
+    rows: dict[str, Any] = {"agenttx": {
+        "workflows_per_s": agenttx_per_s,
+        "step_p50_ms": wf["latency_ms"]["ExecuteStep kv.put"]["p50"],
+        "step_p50_over_cas": round(wf["latency_ms"]["ExecuteStep kv.put"]["p50"] / cas, 2)}}
+    for name, peer in report["peers"].items():
+        if "skipped" in peer:
+            rows[name] = {"skipped": peer["skipped"]}
+            continue
+        rows[name] = {"workflows_per_s": peer["per_s"], "step_p50_ms": peer["step_ms"]["p50"],
+                      "step_p50_over_cas": round(peer["step_ms"]["p50"] / cas, 2),
+                      "agenttx_workflows_per_s_over_this": round(agenttx_per_s / peer["per_s"], 2)
+                      if peer["per_s"] else None}
+    return rows
 
 
 def print_report(r: dict[str, Any]) -> None:
@@ -396,6 +434,23 @@ def print_report(r: dict[str, Any]) -> None:
               f"{long['commit_long_same_keys_over_10']} over the same 10 keys, "
               f"{long['commit_long_over_10']} with {long['steps']} distinct keys "
               "(linear in the write set)")
+    systems_ = r.get("ratios", {}).get("systems")
+    if systems_:
+        print("peers     the same workflow (begin + 10 writes + commit, 1 agent), same run:")
+        for name, row in systems_.items():
+            if "skipped" in row:
+                print(f"          {name:<20} skipped: {row['skipped']}")
+                continue
+            vs = row.get("agenttx_workflows_per_s_over_this")
+            print(f"          {name:<20} {row['workflows_per_s']:>6} workflows/s  step p50 "
+                  f"{row['step_p50_ms']:.3f} ms = {row['step_p50_over_cas']}x CAS"
+                  + (f"  (AgentTx: {vs}x its workflows/s)" if vs is not None else ""))
+    wk = r.get("workers")
+    if wk:
+        print(f"workers   {r['concurrent']['agents']} agents, one connection each: "
+              f"{wk['steps_per_s_1_worker']} steps/s with 1 worker, "
+              f"{wk['concurrent']['steps_per_s']} with --workers {wk['workers']} "
+              f"= {wk['ratio']}x, errors {wk['concurrent']['errors']}")
     rss = r.get("rss")
     if rss and "rss_mib_samples" in rss:
         s = rss["rss_mib_samples"]
@@ -417,12 +472,18 @@ def run_all(ns: argparse.Namespace, target: str, endpoint: str | None,
     report["workflows"] = workflows(stub, ns.workflows, 10, pid, show)
     report["replica_cpu_ms_per_step"] = step_cpu(stub, 300, pid)
     if ns.transactions:
-        report["concurrent"] = concurrent(stub, ns.concurrency, ns.transactions, ns.tx_steps, show)
+        report["concurrent"] = concurrent(stub, ns.concurrency, ns.transactions, ns.tx_steps,
+                                          show, target if ns.compare_workers else None)
     if ns.steps:
         report["long"] = long_transaction(stub, ns.steps, show)
     if ns.rss_transactions:
         report["rss"] = rss_over(stub, ns.rss_transactions, pid, show)
     channel.close()
+    if ns.peers:
+        from .peers import run_peers
+
+        report["peers"] = run_peers(ns.peer_workflows or ns.workflows,
+                                    lambda text: progress(text, show))
     report["ratios"] = ratios(report)
     return report
 
@@ -445,6 +506,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="replica RSS across this many transactions (0 = skip)")
     parser.add_argument("--event-loop", choices=["asyncio", "uvloop"], default=None,
                         help="the started service's event loop (default: the service's)")
+    parser.add_argument("--compare-workers", type=int, default=0, metavar="N",
+                        help="also run the concurrent agents against a second service started "
+                             "with --workers N on the same etcd, one connection per agent in "
+                             "both runs, and report the ratio of steps/s (same run)")
+    parser.add_argument("--peers", action="store_true",
+                        help="also run the same workflow on LangGraph + PostgreSQL (durability "
+                             "sync) and DBOS against a PostgreSQL started on loopback "
+                             "(pip install 'agenttx[bench]'; Debian's postgresql)")
+    parser.add_argument("--peer-workflows", type=int, default=0,
+                        help="workflows per peer (default: --workflows)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON only")
 
 
@@ -470,11 +541,7 @@ def run(ns: argparse.Namespace) -> int:
             env = dict(os.environ)
             if ns.event_loop:
                 env["AGENTTX_EVENT_LOOP"] = ns.event_loop
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "agenttx", "serve", "--listen", f"127.0.0.1:{port}",
-                 "--etcd-endpoints", etcd.endpoints[0], "--data-dir", d,
-                 "--log-level", "WARNING", "--max-open-transactions", "100000"],
-                stderr=subprocess.DEVNULL, env=env)
+            proc = _start_service(port, etcd.endpoints[0], d, env, "/agenttx")
             try:
                 _wait_ready(f"127.0.0.1:{port}")
                 report = run_all(ns, f"127.0.0.1:{port}", etcd.endpoints[0], proc.pid)
@@ -483,16 +550,79 @@ def run(ns: argparse.Namespace) -> int:
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
+            try:
+                if ns.compare_workers and ns.transactions:
+                    report["workers"] = compare_workers(ns, etcd.endpoints[0], d, env, report)
+            finally:
                 etcd.stop()
     if ns.json:
         print(json.dumps(report, indent=2))
     else:
         print_report(report)
-    errors = report.get("concurrent", {}).get("errors", 0)
+    errors = report.get("concurrent", {}).get("errors", 0) + \
+        report.get("workers", {}).get("concurrent", {}).get("errors", 0)
     return 1 if errors else 0
 
 
-def _wait_ready(target: str, timeout: float = 30.0) -> None:
+def _start_service(port: int, endpoint: str, data_dir: str, env: dict[str, str], prefix: str,
+                   workers: int = 1, metrics_port: int = 0) -> subprocess.Popen[bytes]:
+    metrics = ["--metrics-listen", f"127.0.0.1:{metrics_port}"] if metrics_port else []
+    return subprocess.Popen(
+        [sys.executable, "-m", "agenttx", "serve", "--listen", f"127.0.0.1:{port}",
+         "--etcd-endpoints", endpoint, "--etcd-prefix", prefix, "--data-dir", data_dir,
+         "--log-level", "WARNING", "--max-open-transactions", "100000",
+         "--workers", str(workers), *metrics],
+        stderr=subprocess.DEVNULL, env=env)
+
+
+def _wait_workers(metrics_port: int, workers: int, timeout: float = 120.0) -> None:
+    """Until every worker serves (worker i answers /metrics on metrics_port + i once it
+    started, just after its gRPC server did)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    pending = list(range(workers))
+    while pending:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port + pending[0]}/metrics",
+                                   timeout=2).read()
+            pending.pop(0)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {pending[0]} not serving after {timeout}s") from None
+            time.sleep(0.1)
+
+
+def compare_workers(ns: argparse.Namespace, endpoint: str, data_dir: str,
+                    env: dict[str, str], report: dict[str, Any]) -> dict[str, Any]:
+    """The concurrent agents against `agenttx serve --workers N` (its own key prefix, the
+    same etcd), beside the one-process figure of this run: steps/s of each and the ratio.
+    Both runs give every agent its own connection."""
+    port = free_port()
+    workers_dir = pathlib.Path(data_dir) / f"workers-{ns.compare_workers}"
+    workers_dir.mkdir()
+    metrics_port = free_port()
+    proc = _start_service(port, endpoint, str(workers_dir), env, "/agenttx-workers",
+                          ns.compare_workers, metrics_port)
+    try:
+        target = f"127.0.0.1:{port}"
+        _wait_ready(target)
+        _wait_workers(metrics_port, ns.compare_workers)
+        with grpc.insecure_channel(target) as channel:
+            many = concurrent(pb_grpc.AgentTxServiceStub(channel), ns.concurrency,
+                              ns.transactions, ns.tx_steps, True, target)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    one = report["concurrent"]
+    return {"workers": ns.compare_workers, "concurrent": many,
+            "steps_per_s_1_worker": one["steps_per_s"],
+            f"steps_per_s_{ns.compare_workers}_workers": many["steps_per_s"],
+            "ratio": round(many["steps_per_s"] / one["steps_per_s"], 2)
+            if one["steps_per_s"] else None}
+
+
+def _wait_ready(target: str, timeout: float = 120.0) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout

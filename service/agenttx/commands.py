@@ -88,6 +88,15 @@ def _serve(source: CliSettingsSource[Settings], ns: argparse.Namespace) -> int:
         print(f"agenttx serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logs.setup(settings.log_format, settings.log_level)
+    if settings.workers > 1:
+        from .supervisor import supervise
+
+        try:
+            with asyncio.Runner() as runner:
+                return runner.run(supervise(settings))
+        except EmbeddedEtcdError as exc:
+            print(f"agenttx serve: {exc}", file=sys.stderr)
+            return 1
     try:
         # The data dir of an embedded etcd is locked before the service's modules load, so
         # a second `agenttx serve` on it is refused at once (docs/architecture.md).
@@ -106,15 +115,9 @@ def _serve(source: CliSettingsSource[Settings], ns: argparse.Namespace) -> int:
 
 
 def _loop_factory(name: str) -> Any:
-    """uvloop when asked for and installed (measured faster: docs/benchmarks.md),
-    else asyncio's own loop."""
-    if name == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            return None
-        return uvloop.new_event_loop
-    return None
+    from .supervisor import loop_factory
+
+    return loop_factory(name)
 
 
 def register_serve(subparsers: argparse._SubParsersAction) -> None:

@@ -118,6 +118,10 @@ class Settings(BaseSettings):
                                   "above --etcd-timeout-s)")
     replica_id: str | None = Field(None, description="this replica's id (default: host-pid)")
     grace_period_s: float = Field(20.0, ge=0, description="SIGTERM: time to drain in-flight RPCs")
+    workers: int = Field(1, ge=1, le=64, description="replica processes serving --listen "
+                         "together (SO_REUSEPORT), each a full replica with its own id "
+                         "(<replica-id>-w<i>), leases and caches; use one per core "
+                         "(docs/operations.md)")
     log_format: str = Field("json", description="json or text")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
     failpoints: str = Field("", description="fault-injection tests only: crash or pause at "

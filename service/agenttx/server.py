@@ -126,8 +126,8 @@ def replica_presence(store: Store, keys: Keys, replica_id: str, ttl_s: int = 10)
 
 
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None, data_dir_lock: DataDirLock | None = None
-                ) -> int:
+                stop: asyncio.Event | None = None, data_dir_lock: DataDirLock | None = None,
+                reuse_port: bool = False) -> int:
     """Run one replica until SIGTERM/SIGINT (or until `stop` is set, when given: how a
     test runs a replica in its own event loop).
 
@@ -137,7 +137,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
     `data_dir_lock`, already held, is used and released at the end). Raises
     EmbeddedEtcdError, one line for a person, when the embedded etcd cannot run (its data
     dir is held by another service, an etcd left behind cannot be stopped, or it does
-    not start)."""
+    not start). `reuse_port`: one of `--workers N` sharing the address (agenttx.supervisor)."""
     check_listen_allowed(settings.listen, settings.auth, settings.allow_unauthenticated)
     failpoints.arm(settings.failpoints)
     tracing.setup()  # off unless the OTEL_* environment configures an exporter
@@ -146,7 +146,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None,
     with _stop_on_signals(stop):
         endpoints = settings.endpoints()
         if endpoints:
-            return await _serve_on(settings, endpoints, data_dir, ready, stop)
+            return await _serve_on(settings, endpoints, data_dir, ready, stop, reuse_port)
         lock = data_dir_lock or DataDirLock(data_dir, {"listen": settings.listen}).acquire()
         try:
             return await _serve_embedded(settings, data_dir, ready, stop, lock)
@@ -213,7 +213,8 @@ def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
 
 
 async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.Path,
-                    ready: asyncio.Event | None, stop: asyncio.Event) -> int:
+                    ready: asyncio.Event | None, stop: asyncio.Event,
+                    reuse_port: bool = False) -> int:
     store = connect(endpoints, timeout=settings.etcd_timeout_s, ca_file=settings.etcd_ca_file,
                     cert_file=settings.etcd_cert_file, key_file=settings.etcd_key_file,
                     tls_server_name=settings.etcd_tls_server_name)
@@ -276,6 +277,9 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
         ("grpc.max_send_message_length", MAX_SEND_BYTES),
+        # --workers N: every worker binds the same address and the kernel spreads the
+        # connections. Said explicitly, not left to gRPC's default (on for Linux only).
+        *([("grpc.so_reuseport", 1)] if reuse_port else []),
     ])
     dead_letters = DeadLetters(store, keys, engine.committer.retention.lease_id)
     add_to_server(AgentTxServicer(engine, authenticator, RateLimiter(settings.max_requests_per_s),
@@ -297,7 +301,8 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     log.info("agenttx serving", extra={"listen": settings.listen, "port": port,
                                         "auth": authenticator.mode.value,
                                         "tls": credentials is not None,
-                                        "replica": replica_id, "etcd": endpoints,
+                                        "replica": replica_id, "pid": os.getpid(),
+                                        "etcd": endpoints,
                                         "prefix": keys.prefix, "fs_root": fs_root})
     if ready is not None:
         ready.set()
@@ -318,7 +323,7 @@ async def _serve_on(settings: Settings, endpoints: list[str], data_dir: pathlib.
     if metrics_server is not None:
         metrics_server.shutdown()
     await store.close()
-    log.info("stopped")
+    log.info("stopped", extra={"replica": replica_id})
     return 0
 
 

@@ -79,3 +79,16 @@ def test_history_is_written_without_a_round_trip_of_its_own(replicas, uniq):
     assert [(s.step_id, s.tool, s.status) for s in history.steps] == [
         (1, "kv.put", pb.STEP_STATUS_SUCCESS), (2, "kv.get", pb.STEP_STATUS_ROLLBACK_TRIGGERED),
         (2, "kv.put", pb.STEP_STATUS_SUCCESS)]
+
+
+def test_a_commit_on_the_replica_that_took_the_transaction_over_is_one_round_trip(replicas, uniq):
+    """The step that moved the transaction to another replica read it whole (it is small),
+    so that replica's cache is current and complete: its commit compares on the cached
+    revisions and writes, one round trip, no read first."""
+    a, b = replicas
+    agent = Agent(a.stub)
+    agent.ok("kv.put", {"key": f"rt5-{uniq}", "value": 1})
+    agent.ok("kv.put", {"key": f"rt5b-{uniq}", "value": 2}, stub=b.stub)
+    agent.ok("kv.put", {"key": f"rt5c-{uniq}", "value": 3}, stub=b.stub)
+    assert b.stub.CommitTransaction(pb.CommitTransactionRequest(transaction_id=agent.tx)).committed
+    assert _trips(b, 3) == [("ExecuteStep", 2), ("ExecuteStep", 1), ("CommitTransaction", 1)]

@@ -111,3 +111,22 @@ async def test_a_reference_error_from_the_worker_is_the_same_error() -> None:
     assert off_loop.value.message == inline.value.message == \
         'step "3" does not exist (referenced as ${steps.3.value}); live steps: 1'
     assert off_loop.value.argument == "value.5000"
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": "${steps.1.key}"}',
+    '{"a": "\\u0024{steps.1.key}"}',          # `$` escaped
+    '{"a": ["x ${steps.1.value} y"]}',
+])
+async def test_a_reference_is_found_however_its_dollar_is_written(text):
+    parsed, error, references = await parse_step_arguments(text)
+    assert error is None
+    assert [r.step for r in references] == [1]
+    assert resolve(parsed, OUTPUTS, LIVE, references).referenced == {1}
+
+
+async def test_arguments_without_a_dollar_come_back_as_parsed_with_no_references():
+    text = '{"key": "k", "value": {"n": [1, 2, "steps.1"]}}'
+    parsed, error, references = await parse_step_arguments(text)
+    assert (parsed, error, references) == (json.loads(text), None, [])
+    assert resolve(parsed, OUTPUTS, LIVE, references).value is parsed

@@ -86,6 +86,10 @@ def test_every_record_survives_its_codec():
                    "ab" * 32),
         saga={"ticket": 7}, has_saga=True, context_bytes=99, delta=Budget(1, 1, 10, 1, 5, 1, 99))
     assert decode_step(encode_step(record)) == record
+    # the step's output as the step already encoded it is spliced in, not encoded again
+    spliced = encode_step(record, b'{"path":"f","bytes":3}')
+    assert decode_step(spliced) == record
+    assert json.loads(spliced) == json.loads(encode_step(record))
     effect = StagedEffect("hooks", {"n": 1}, "key-1")
     assert decode_effect(encode_effect(effect)) == effect
     assert decode_context(encode_context("ticket.create", "line 1\nline 2 ✓")) == \

@@ -221,3 +221,37 @@ bad combination fails `helm install` with a message instead of a crash-looping p
 {{- fail "tls.certManager.enabled: set tls.certManager.issuerRef.name (an Issuer or ClusterIssuer your agents trust)" }}
 {{- end }}
 {{- end }}
+
+{{/*
+Replica processes per service pod (`agenttx serve --workers`): service.workers, or when 0
+one per whole CPU of resources.limits.cpu, rounded up ("1500m" -> 2, "2" -> 2); 1 without
+a CPU limit. At most 64 (the setting's range).
+*/}}
+{{- define "agenttx.service.workers" -}}
+{{- $svc := .Values.service -}}
+{{- $n := int ($svc.workers | default 0) -}}
+{{- if eq $n 0 -}}
+{{- $cpu := "" -}}
+{{- with $svc.resources }}{{ with .limits }}{{ with .cpu }}{{ $cpu = toString . }}{{ end }}{{ end }}{{ end -}}
+{{- if not $cpu -}}
+{{- $n = 1 -}}
+{{- else if hasSuffix "m" $cpu -}}
+{{- $n = div (add (atoi (trimSuffix "m" $cpu)) 999) 1000 -}}
+{{- else -}}
+{{- $n = int (ceil (float64 $cpu)) -}}
+{{- end -}}
+{{- end -}}
+{{- min (max $n 1) 64 -}}
+{{- end -}}
+
+{{/*
+The metrics port names of a service pod: `metrics` for worker 0, `metrics-w<i>` for the
+others (each worker serves its own /metrics on metrics.port + i).
+*/}}
+{{- define "agenttx.service.metricsPorts" -}}
+{{- $n := int (include "agenttx.service.workers" .) -}}
+{{- range $i := until $n }}
+- name: {{ if eq $i 0 }}metrics{{ else }}metrics-w{{ $i }}{{ end }}
+  port: {{ add $.Values.metrics.port $i }}
+{{- end }}
+{{- end -}}

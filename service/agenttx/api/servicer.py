@@ -121,8 +121,11 @@ def _guard(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 elapsed = time.perf_counter() - started
                 tracing.set_rpc_status(span, code.name, code.value[0])
                 METRICS.child(METRICS.rpc_duration, name, code.name).observe(elapsed)
+                # `replica`: which process answered (`agenttx serve --workers N` shares one
+                # port and one log stream between N replicas)
                 fields = {"rpc": name, "code": code.name, "ms": round(elapsed * 1000, 2),
-                          "etcd_round_trips": record.etcd_round_trips, **record.fields}
+                          "etcd_round_trips": record.etcd_round_trips,
+                          "replica": self.engine.replica_id, **record.fields}
                 if name in STATE_CHANGING:
                     fields["audit"] = True  # docs/security.md#audit-log: who changed what, and how it ended
                 if error:

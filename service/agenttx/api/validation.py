@@ -8,6 +8,7 @@ RPC-level limit.
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from typing import Any
 
@@ -33,8 +34,14 @@ def transaction_id(value: str) -> str:
     return value
 
 
+# The form we hand out (str(uuid4())): accepted as is, without building a UUID per call.
+_CANONICAL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def known_transaction_id(value: str) -> str:
     """Checked after every INVALID_ARGUMENT rule, so bad input is reported first."""
+    if _CANONICAL_ID.fullmatch(value):
+        return value
     try:
         parsed = uuid.UUID(value)
     except ValueError:

@@ -54,7 +54,17 @@ def _parse_now(arguments_json: str) -> Parsed:
         parsed = parse_arguments(arguments_json)
     except ArgumentsError as exc:
         return None, str(exc.args[0]), []
+    if not may_refer(arguments_json):
+        return parsed, None, []  # one pass: no walk of the tree, and resolve returns it as is
     return parsed, None, find_references(parsed)
+
+
+def may_refer(arguments_json: str) -> bool:
+    """Whether a decoded string of this document can hold `${steps.`: JSON writes a `$`
+    either as itself or as a `\\u` escape, so a text with neither holds no reference,
+    and the decoded tree need not be walked for one (the common case: most steps refer
+    to nothing)."""
+    return "$" in arguments_json or "\\u" in arguments_json
 
 
 async def parse_step_arguments(arguments_json: str) -> Parsed:

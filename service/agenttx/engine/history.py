@@ -62,6 +62,8 @@ REJECTED = "REJECTED"      # an approver rejected it, or its approval timed out
 def truncate_utf8(text: str, limit: int = TEXT_BYTES) -> str:
     """`text` if its UTF-8 fits in `limit` bytes, else its longest prefix that fits
     together with "…" (never a cut character)."""
+    if len(text) * 4 <= limit:  # a character is at most 4 bytes: fits, nothing to encode
+        return text
     raw = text.encode("utf-8", "surrogatepass")
     if len(raw) <= limit:
         return text
@@ -155,9 +157,10 @@ class HistoryWriter:
         """The Put of the transaction's next entry, and `header` as it must be written
         with it: the entry counted, the lease pinned."""
         lease = header.history_lease or await self._lease_id()
-        header = replace(header, history_lease=lease)
-        put = self.rewrite(header, header.history_seq, entry)
-        return put, replace(header, history_seq=header.history_seq + 1)
+        put = Put(self.keys.history_step(header.id, header.history_seq), encode_entry(entry),
+                  lease=lease)
+        # one copy of the header (a step is on the hot path: docs/benchmarks.md)
+        return put, replace(header, history_lease=lease, history_seq=header.history_seq + 1)
 
     def rewrite(self, header: TxHeader, seq: int, entry: HistoryEntry) -> Put:
         """The Put that writes (again) entry `seq`, on the header's pinned lease."""

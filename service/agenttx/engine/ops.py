@@ -82,12 +82,14 @@ class StepChanges:
 
 def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
               record: StepRecord | None, raw_context: str, changes: StepChanges, *,
-              history: Sequence[Put] = (), gated: Sequence[GatedCall] = ()) -> TxnPlan:
+              history: Sequence[Put] = (), gated: Sequence[GatedCall] = (),
+              output: bytes | None = None) -> TxnPlan:
     """The CAS of a step: new header, the step record (None for a failed step, which
     records only what it observed), its raw_context, touched entries, staged effects,
     reservations, lock, its history entry and, when its tool needs approval, its gated
     call. Its failure branch reads back everything it compared, so a lost compare tells
-    the engine what actually changed (`read_back_keys`)."""
+    the engine what actually changed (`read_back_keys`). `output`: the record's output as
+    the step already encoded it (state.encode_step)."""
     tx = header.id
     hkey = keys.tx_header(tx)
     compares: list[Compare] = [cmp_mod(hkey, rev)]
@@ -97,7 +99,7 @@ def step_plan(keys: Keys, header: TxHeader, rev: int, new_header: TxHeader,
             compares.append(cmp_mod(dk, seen))
     success: list[Op] = [Put(hkey, encode_header(new_header))]
     if record is not None:
-        success.append(Put(keys.step(tx, record.step_id), encode_step(record)))
+        success.append(Put(keys.step(tx, record.step_id), encode_step(record, output)))
         if raw_context:
             success.append(Put(keys.context(tx, record.step_id),
                                encode_context(record.tool, raw_context)))

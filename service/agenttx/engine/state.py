@@ -381,9 +381,12 @@ def decode_touched(raw: bytes) -> Touched:
     return Touched(d[0], _state(d[1]))
 
 
-def encode_step(r: StepRecord) -> bytes:
+def encode_step(r: StepRecord, output: bytes | None = None) -> bytes:
+    """`output`: `r.output` already encoded by `to_json` (the step encodes its output once,
+    for the response, the size check and this record), spliced in as the last member
+    instead of being encoded again; decode_step reads the same document either way."""
     doc: dict[str, Any] = {
-        "id": r.step_id, "tl": r.tool, "at": r.attempt, "out": r.output, "rf": list(r.refs),
+        "id": r.step_id, "tl": r.tool, "at": r.attempt, "rf": list(r.refs),
         "un": [[u.data_key.decode(), u.observed, _state_doc(u.state)] for u in r.undo],
         "ek": [k.decode() for k in r.effect_keys], "fx": r.effects,
         "cb": r.context_bytes, "bu": _budget_doc(r.delta),
@@ -394,7 +397,10 @@ def encode_step(r: StepRecord) -> bytes:
                      None if f.previous is None else _b64(f.previous), f.new_sha256]
     if r.has_saga:
         doc["sg"] = r.saga
-    return to_json(doc)
+    if output is None:
+        doc["out"] = r.output
+        return to_json(doc)
+    return to_json(doc)[:-1] + b',"out":' + output + b"}"
 
 
 def decode_step(raw: bytes) -> StepRecord:

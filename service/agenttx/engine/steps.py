@@ -320,7 +320,8 @@ class Stepper:
     async def _success(self, attempt: Attempt, output: Any) -> Applied:
         request, state, view = attempt.request, attempt.state, attempt.view
         h = state.header
-        output_json = dumps(output)
+        output_json = dumps(output)  # encoded once: response, record and size check
+        output_raw = output_json.encode()
         known = self._known(state, view)
         entries = step_entries(view.before, view.states, view.observed, known)
         delta = _delta(view, known, entries, request.tool_name, request.raw_context)
@@ -352,10 +353,10 @@ class Stepper:
                                 arguments_json=request.arguments_json, output_json=output_json)
         put, new_header = await self.undoer.history.entry(new_header, entry)
         plan = step_plan(self.keys, h, state.rev, new_header, record, request.raw_context,
-                         changes, history=[put], gated=gated)
+                         changes, history=[put], gated=gated, output=output_raw)
         message = check_step(self.limits, new_header.budget, step_compares=len(plan.compares),
                              step_ops=len(plan.success), step_bytes=plan.request_bytes,
-                             output_bytes=len(output_json.encode()), constraints=h.constraints,
+                             output_bytes=len(output_raw), constraints=h.constraints,
                              approval=h.approval is not None)
         if message is not None:
             raise ToolError(message)

@@ -134,7 +134,7 @@ def validate_arguments(args: Mapping[str, Any], fields: ArgumentModel) -> Any:
         return dict(args)
     if isinstance(fields, type) and issubclass(fields, BaseModel):
         return _validate_model(args, fields)
-    by_name = {f.name: f for f in fields}
+    by_name = _by_name(fields)
     for name, value in args.items():
         spec = by_name.get(name)
         if spec is None:
@@ -160,6 +160,23 @@ def validate_arguments(args: Mapping[str, Any], fields: ArgumentModel) -> Any:
     return out
 
 
+# A tool's fields by name, built once per tool rather than on every step: keyed by the
+# identity of the fields sequence, which is kept alive by the entry (a tool's `fields` is
+# a class attribute, so the cache holds one entry per tool).
+_BY_NAME: dict[int, tuple[Sequence[Field], dict[str, Field]]] = {}
+
+
+def _by_name(fields: Sequence[Field]) -> dict[str, Field]:
+    hit = _BY_NAME.get(id(fields))
+    if hit is not None and hit[0] is fields:
+        return hit[1]
+    if len(_BY_NAME) >= 4096:  # fields built per call by some custom tool: stay bounded
+        _BY_NAME.clear()
+    by_name = {f.name: f for f in fields}
+    _BY_NAME[id(fields)] = (fields, by_name)
+    return by_name
+
+
 _PYDANTIC_TYPES = {
     "string_type": "a string",
     "int_type": "an integer",
@@ -179,7 +196,8 @@ _PYDANTIC_ORDER = {"extra_forbidden": 0, "missing": 2}
 
 def _validate_model(args: Mapping[str, Any], model: type[BaseModel]) -> BaseModel:
     try:
-        return model.model_validate(dict(args), strict=True)
+        # the parsed arguments are already a dict: validated as they are, not copied first
+        return model.model_validate(args if type(args) is dict else dict(args), strict=True)
     except ValidationError as exc:
         errors = sorted(exc.errors(include_url=False),
                         key=lambda e: _PYDANTIC_ORDER.get(e["type"], 1))
