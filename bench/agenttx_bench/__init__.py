@@ -18,8 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from . import perf
     from .outcomes import cli as outcomes_cli
 
+    # No abbreviations: `agenttx bench outcomes --p 0.3` must reach the subcommand, not be
+    # read as a prefix of `--peers` / `--peer-workflows` here.
     parser = subparsers.add_parser(
-        "bench", help="benchmark a running or embedded service",
+        "bench", help="benchmark a running or embedded service", allow_abbrev=False,
         description=perf.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     perf.configure(parser)
     parser.set_defaults(func=perf.run)
