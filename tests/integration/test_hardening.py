@@ -256,9 +256,14 @@ def _temp_files(root: pathlib.Path) -> list[pathlib.Path]:
 def test_a_step_whose_cas_raises_is_settled_as_not_applied_and_leaves_no_temp_file(
         own_etcd, scratch, sandbox):
     root = sandbox / f"tmp-{uuid.uuid4().hex[:8]}"
+    # A temp file whose step etcd never recorded is the sweep's to remove, once older than
+    # --temp-min-age-s (its smallest value); the reaper leader checks every idle timeout / 10.
+    sweep_s, min_age_s, idle_s = 0.5, 10, 30
     svc = ServiceProcess("temps", etcd_endpoints=own_etcd.endpoints, prefix="/agenttx-tmp",
                          fs_root=str(root), workdir=scratch / "temps",
-                         extra_args=["--etcd-timeout-s", "1"]).start()
+                         extra_args=["--etcd-timeout-s", "1", "--temp-sweep-s", str(sweep_s),
+                                     "--temp-min-age-s", str(min_age_s),
+                                     "--tx-idle-timeout-s", str(idle_s)]).start()
     try:
         agent = Agent(svc.stub)
         output(agent.step("kv.put", {"key": "warm", "value": 1}))
@@ -276,10 +281,11 @@ def test_a_step_whose_cas_raises_is_settled_as_not_applied_and_leaves_no_temp_fi
         output(agent.step("fs.write", {"path": "during-outage.txt", "contents": "y"}))
         assert agent.commit().committed
         assert (root / "during-outage.txt").read_text() == "y"
-        # ... and once etcd answers, it is removed (rolled back with the step, or dropped
-        # because the step was never recorded) by the calls above, each bounded by
-        # --etcd-timeout-s (1 s)
-        eventually(lambda: _temp_files(root) == [], slack(1.0), "the temp file is removed")
+        # ... and once etcd answers, it is removed: rolled back with the step by the calls
+        # above, or, if etcd never recorded the step (the request was cancelled before etcd
+        # read it), swept once it is older than --temp-min-age-s
+        eventually(lambda: _temp_files(root) == [], slack(min_age_s + sweep_s + idle_s / 10),
+                   "the temp file is removed")
     finally:
         svc.stop()
 
