@@ -6,6 +6,7 @@ readiness follows etcd."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -133,11 +134,17 @@ def _outage(etcd: EmbeddedEtcd, seconds: float) -> None:
     threading.Timer(seconds, etcd.restart, (0,)).start()
 
 
-def _pause(etcd: EmbeddedEtcd, seconds: float) -> None:
-    """SIGSTOP etcd now and SIGCONT it after `seconds` (an outage that loses nothing)."""
+@contextlib.contextmanager
+def _paused(etcd: EmbeddedEtcd) -> Iterator[None]:
+    """etcd SIGSTOPped for the block (an outage that loses nothing: what was sent to it is
+    still processed once it resumes). Resumed when the block ends, not after a fixed time:
+    on a busy machine a timer could resume it before the call under test even reached it."""
     pid = etcd.members[0].process.pid
     os.kill(pid, signal.SIGSTOP)
-    threading.Timer(seconds, os.kill, (pid, signal.SIGCONT)).start()
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.timeout(120)
@@ -249,17 +256,20 @@ def _temp_files(root: pathlib.Path) -> list[pathlib.Path]:
 def test_a_step_whose_cas_raises_is_settled_as_not_applied_and_leaves_no_temp_file(
         own_etcd, scratch, sandbox):
     root = sandbox / f"tmp-{uuid.uuid4().hex[:8]}"
+    # A temp file whose step etcd never recorded is the sweep's to remove, once older than
+    # --temp-min-age-s (its smallest value); the reaper leader checks every idle timeout / 10.
+    sweep_s, min_age_s, idle_s = 0.5, 10, 30
     svc = ServiceProcess("temps", etcd_endpoints=own_etcd.endpoints, prefix="/agenttx-tmp",
                          fs_root=str(root), workdir=scratch / "temps",
-                         extra_args=["--etcd-timeout-s", "1"]).start()
+                         extra_args=["--etcd-timeout-s", "1", "--temp-sweep-s", str(sweep_s),
+                                     "--temp-min-age-s", str(min_age_s),
+                                     "--tx-idle-timeout-s", str(idle_s)]).start()
     try:
         agent = Agent(svc.stub)
         output(agent.step("kv.put", {"key": "warm", "value": 1}))
-        _pause(own_etcd, 4.0)
-        try:
+        with _paused(own_etcd), pytest.raises(grpc.RpcError) as err:
             agent.step("fs.write", {"path": "during-outage.txt", "contents": "x"})
-        except grpc.RpcError as err:
-            assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
         # The write's outcome is unknown: its temp file stays (if etcd recorded the step,
         # that file is what tells the next call the rename never happened) ...
         assert not (root / "during-outage.txt").exists()
@@ -271,10 +281,11 @@ def test_a_step_whose_cas_raises_is_settled_as_not_applied_and_leaves_no_temp_fi
         output(agent.step("fs.write", {"path": "during-outage.txt", "contents": "y"}))
         assert agent.commit().committed
         assert (root / "during-outage.txt").read_text() == "y"
-        # ... and once etcd answers, it is removed (rolled back with the step, or dropped
-        # because the step was never recorded)
-        # (the next call settles it, or the step never existed and the sweep drops it)
-        eventually(lambda: _temp_files(root) == [], slack(4.0), "the temp file is removed")
+        # ... and once etcd answers, it is removed: rolled back with the step by the calls
+        # above, or, if etcd never recorded the step (the request was cancelled before etcd
+        # read it), swept once it is older than --temp-min-age-s
+        eventually(lambda: _temp_files(root) == [], slack(min_age_s + sweep_s + idle_s / 10),
+                   "the temp file is removed")
     finally:
         svc.stop()
 

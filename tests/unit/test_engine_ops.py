@@ -13,6 +13,7 @@ from agenttx.engine.ops import (
     StepChanges,
     abort_plan,
     commit_plan,
+    fence_unknown_step_plan,
     observation_entries,
     rollback_plan,
     step_entries,
@@ -240,3 +241,14 @@ def test_commit_is_linear_in_what_the_transaction_touched(n):
     plan = commit_plan(KEYS, CommitSnapshot(header(next_step_id=n + 1), 1, entries, [], []))
     assert len(plan.compares) == n + 1
     assert len(plan.success) == n + 3  # n writes + tx prefix, header, touch
+
+
+def test_fencing_an_unknown_step_rewrites_the_header_at_the_revision_the_lost_cas_compared():
+    """The lost step CAS compared the header at revision 41: rewriting it there (the same
+    record) means that CAS can never apply later; if the header moved, read it instead."""
+    h = header(next_step_id=2)
+    plan = fence_unknown_step_plan(KEYS, h, 41)
+    hkey = KEYS.tx_header(TX)
+    assert plan.compares == [cmp_mod(hkey, 41)]
+    assert plan.success == [Put(hkey, encode_header(h))]
+    assert plan.failure == [Get(hkey)]

@@ -65,6 +65,22 @@ def is_data_key(data_key: bytes) -> bool:
     return not data_key.startswith(b"fs:")
 
 
+# ---- a step whose CAS outcome is unknown ---------------------------------------------
+
+def fence_unknown_step_plan(keys: Keys, header: TxHeader, rev: int) -> TxnPlan:
+    """After a step CAS that timed out: make its outcome final before deciding about it.
+
+    The lost request compared the header's mod_revision with `rev` and may still be
+    applied by etcd after any read we make (etcd serves a read beside a write it has not
+    finished). Rewriting the header at `rev` (the same record) moves its revision on, so
+    that request can never apply later; if the header already moved, the step (or
+    something else) was recorded first. Either way the header read in the same
+    transaction is final: success branch = the step was not recorded and never will be;
+    failure branch = read what is there."""
+    hkey = keys.tx_header(header.id)
+    return TxnPlan([cmp_mod(hkey, rev)], [Put(hkey, encode_header(header))], [Get(hkey)])
+
+
 # ---- a step that applied -------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from .model import Caller, StepOutcome
 from .ops import (
     StepChanges,
     TxnPlan,
+    fence_unknown_step_plan,
     intent_plan,
     is_data_key,
     observation_entries,
@@ -385,7 +386,8 @@ class Stepper:
             if view.fs is None:
                 await view.discard()
             else:
-                self._settle_later(tx, step_id, view.attempt, view.fs.tmp)
+                self._settle_later(state.header, state.rev, step_id, view.attempt,
+                                   view.fs.tmp)
                 view.fs = None
             self.txs.evict(tx)
             if is_custom_saga(attempt.tool):
@@ -459,24 +461,35 @@ class Stepper:
         return await self._failed(rerun, f"{exc.strerror or exc}: '{path}'", "path", None,
                                   rebuild_view=True)
 
-    def _settle_later(self, tx_id: str, step_id: int, attempt: str,
+    def _settle_later(self, header: TxHeader, rev: int, step_id: int, attempt: str,
                       tmp: pathlib.Path) -> None:
-        """After an fs.write whose CAS outcome is unknown: wait until etcd answers, then
+        """After an fs.write whose CAS outcome is unknown: once etcd answers, make that
+        outcome final (`fence_unknown_step_plan`: the lost CAS can no longer apply), then
         drop the temp file unless the header marks exactly this write as pending (then
-        the next call on the transaction rolls the step back and drops it). Off the
-        request path; if this replica dies first, the temp sweep does the same."""
+        the next call on the transaction rolls the step back and drops it). A plain read
+        is not enough: etcd may serve it before it applies the lost CAS, and a temp file
+        dropped under a step recorded afterwards would make the step look renamed, i.e.
+        applied, with its file never written. Off the request path; if this replica
+        dies first, the temp sweep decides the same way. A fence that times out is not
+        retried blindly: run again, it either fences or reads what is there."""
+        tx_id = header.id
+        plan = fence_unknown_step_plan(self.keys, header, rev)
+
         async def settle() -> None:
             delay = 0.2
             while True:
                 try:
-                    kv = await self.store.get(self.keys.tx_header(tx_id), what="load")
+                    res = await self.store.txn(plan.compares, plan.success, plan.failure,
+                                               what="step settle")
                     break
                 except StoreUnavailable:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
+            kv = None if res.succeeded else res.first(0)
             pending = decode_header(kv.value).fs_pending if kv is not None else None
             if pending is None or (pending.step_id, pending.attempt) != (step_id, attempt):
                 await asyncio.to_thread(sandbox.discard_temp, tmp)
+            self.txs.evict(tx_id)  # the fence moved the header on: reload next time
 
         task = asyncio.create_task(settle(), name=f"settle-write-{tx_id}-{step_id}")
         self._background.add(task)
